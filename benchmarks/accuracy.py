@@ -1,0 +1,153 @@
+"""Estimated vs measured training-step memory on this machine's CPU allocator.
+
+Each configuration is measured in fresh processes with the BFC allocator on
+(``keras_memscope.measure``; method in the module docstring), ``--processes``
+times, and the band of per-process maxima is recorded. Measurements are cached
+in ``benchmarks/results/measured_cpu.json`` (with the TensorFlow and Keras
+versions) and re-used unless ``--remeasure``; estimates are always recomputed.
+
+    python -m benchmarks.accuracy                 # the zoo
+    python -m benchmarks.accuracy --held-out      # models nobody tuned for
+    python -m benchmarks.accuracy --only resnet50 --remeasure
+
+Relative error = (estimate - measured) / measured, against the highest
+per-process maximum (the figure that has to fit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+RESULTS = Path(__file__).parent / "results"
+CACHE = RESULTS / "measured_cpu.json"
+
+# (model, batch, optimizer)
+CONFIGS = [
+    ("mlp", 32, "sgd"), ("mlp", 256, "sgd"), ("mlp", 256, "adam"), ("mlp", 1024, "adam"),
+    ("cnn", 32, "sgd"), ("cnn", 128, "adam"),
+    ("resnet50", 8, "adam"), ("resnet50", 16, "sgd"),
+    ("mobilenetv2", 8, "adam"), ("mobilenetv2", 32, "sgd"),
+    ("vgg16", 8, "adam"), ("vgg16", 8, "sgd"),
+    ("densenet121", 8, "adam"),
+    ("lstm", 32, "adam"), ("lstm", 8, "sgd"),
+    ("transformer", 8, "adam"), ("transformer", 32, "sgd"),
+]
+HELD_OUT_CONFIGS = [
+    ("unet", 8, "adam"), ("unet", 32, "sgd"),
+    ("gru", 32, "adam"), ("gru", 128, "sgd"),
+    ("vit", 16, "adam"), ("vit", 64, "sgd"),
+    ("separable", 16, "adam"), ("separable", 64, "sgd"),
+]
+
+
+def _key(model: str, batch: int, opt: str) -> str:
+    return f"{model}/b{batch}/{opt}"
+
+
+def load_cache() -> dict:
+    if CACHE.exists():
+        return json.loads(CACHE.read_text())
+    return {}
+
+
+def measure_config(model: str, batch: int, opt: str, processes: int) -> dict:
+    from keras_memscope.measure import measure_subprocess
+
+    runs = []
+    for _ in range(processes):
+        t0 = time.time()
+        raw = measure_subprocess({"builder": f"benchmarks.zoo:{model}", "batch_size": batch,
+                                  "optimizer": opt, "steps": 6, "device": "cpu",
+                                  "loss": "sparse_categorical_crossentropy"
+                                  if model not in ("gru", "unet") else None})
+        raw["seconds"] = round(time.time() - t0, 1)
+        runs.append(raw)
+    return {"runs": runs}
+
+
+def estimate_config(model: str, batch: int, opt: str, method: str) -> tuple[int, float]:
+    import keras
+
+    import keras_memscope as memscope
+    from benchmarks import zoo
+
+    builder = getattr(zoo, model)
+    keras.utils.clear_session()
+    m = builder()
+    t0 = time.time()
+    kwargs = {"method": method} if method != "rules" else {}
+    est = memscope.estimate(m, batch, optimizer=opt, device="cpu", **kwargs)
+    return est.peak_bytes, time.time() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--held-out", action="store_true", help="the held-out models")
+    parser.add_argument("--only", nargs="*", help="model names to run")
+    parser.add_argument("--remeasure", action="store_true")
+    parser.add_argument("--processes", type=int, default=3)
+    parser.add_argument("--methods", nargs="*", default=["rules"])
+    parser.add_argument("--json", type=Path, help="write the table as JSON here")
+    args = parser.parse_args(argv)
+
+    import keras
+    import tensorflow as tf
+
+    configs = HELD_OUT_CONFIGS if args.held_out else CONFIGS
+    if args.only:
+        configs = [c for c in configs if c[0] in args.only]
+    cache = load_cache()
+    versions = {"tensorflow": tf.__version__, "keras": keras.__version__}
+    rows = []
+    for model, batch, opt in configs:
+        key = _key(model, batch, opt)
+        if args.remeasure or key not in cache or cache[key].get("versions") != versions:
+            print(f"measuring {key} ...", file=sys.stderr, flush=True)
+            cache[key] = {**measure_config(model, batch, opt, args.processes),
+                          "versions": versions}
+            RESULTS.mkdir(exist_ok=True)
+            CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True))
+        runs = cache[key]["runs"]
+        maxima = [max(r["step_peak_bytes"]) for r in runs]
+        spread = max((max(r["step_peak_bytes"]) - min(r["step_peak_bytes"]))
+                     / max(r["step_peak_bytes"]) for r in runs)
+        row = {"model": model, "batch": batch, "optimizer": opt,
+               "measured_max": max(maxima), "measured_min": min(maxima),
+               "step_spread": spread}
+        for method in args.methods:
+            est, seconds = estimate_config(model, batch, opt, method)
+            row[method] = est
+            row[f"{method}_error"] = (est - max(maxima)) / max(maxima)
+            row[f"{method}_seconds"] = round(seconds, 2)
+        rows.append(row)
+        print(_format_row(row, args.methods), flush=True)
+    print()
+    for method in args.methods:
+        errors = [abs(r[f"{method}_error"]) for r in rows]
+        print(f"{method}: median |error| {statistics.median(errors):.1%}, "
+              f"worst {max(errors):.1%} over {len(errors)} configurations")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+def _format_row(row: dict, methods: list[str]) -> str:
+    mib = 1024**2
+    parts = [f"{row['model']:<12} b{row['batch']:<5} {row['optimizer']:<5}",
+             f"measured {row['measured_min'] / mib:8.1f}-{row['measured_max'] / mib:8.1f} MiB"
+             f" (steps vary {row['step_spread']:.0%})"]
+    for m in methods:
+        parts.append(f"{m} {row[m] / mib:8.1f} MiB {row[f'{m}_error']:+7.1%}")
+    return "  ".join(parts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

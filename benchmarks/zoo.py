@@ -1,0 +1,153 @@
+"""The benchmark zoo: builders for the models of the accuracy benchmark.
+
+Each builder takes no required argument and builds with random weights
+(nothing is downloaded). ``HELD_OUT`` models were written after the rules and
+never used to tune them.
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import layers
+
+
+def mlp() -> keras.Model:
+    """The 131,410-parameter MLP of the classic question (SEEDS section 1)."""
+    return keras.Sequential(
+        [keras.Input((1000,))]
+        + [layers.Dense(100, activation="relu") for _ in range(4)]
+        + [layers.Dense(10, activation="softmax")],
+        name="mlp",
+    )
+
+
+def cnn() -> keras.Model:
+    return keras.Sequential(
+        [
+            keras.Input((32, 32, 3)),
+            layers.Conv2D(32, 3, activation="relu"),
+            layers.MaxPooling2D(),
+            layers.Conv2D(64, 3, activation="relu"),
+            layers.MaxPooling2D(),
+            layers.Flatten(),
+            layers.Dense(128, activation="relu"),
+            layers.Dense(10),
+        ],
+        name="cnn",
+    )
+
+
+def resnet50() -> keras.Model:
+    return keras.applications.ResNet50(weights=None)
+
+
+def mobilenetv2() -> keras.Model:
+    return keras.applications.MobileNetV2(weights=None)
+
+
+def vgg16() -> keras.Model:
+    return keras.applications.VGG16(weights=None)
+
+
+def densenet121() -> keras.Model:
+    return keras.applications.DenseNet121(weights=None)
+
+
+def lstm() -> keras.Model:
+    """An LSTM text classifier: 10,000-word vocabulary, sequences of 200."""
+    inputs = keras.Input((200,), dtype="int32")
+    x = layers.Embedding(10000, 128)(inputs)
+    x = layers.LSTM(256)(x)
+    outputs = layers.Dense(2)(x)
+    return keras.Model(inputs, outputs, name="lstm")
+
+
+def transformer() -> keras.Model:
+    """A Transformer encoder: 4 blocks, width 256, 4 heads, sequence 128."""
+    seq, width, heads, vocab = 128, 256, 4, 20000
+    inputs = keras.Input((seq,), dtype="int32")
+    x = layers.Embedding(vocab, width)(inputs)
+    for _ in range(4):
+        a = layers.MultiHeadAttention(heads, width // heads)(x, x)
+        x = layers.LayerNormalization()(layers.Add()([x, a]))
+        f = layers.Dense(4 * width, activation="gelu")(x)
+        f = layers.Dense(width)(f)
+        x = layers.LayerNormalization()(layers.Add()([x, f]))
+    x = layers.GlobalAveragePooling1D()(x)
+    outputs = layers.Dense(2)(x)
+    return keras.Model(inputs, outputs, name="transformer")
+
+
+# --- held out: never used to tune the rules ----------------------------------
+
+
+def unet() -> keras.Model:
+    """A small U-Net with skip connections (128 x 128 x 3, 2 classes per pixel)."""
+    inputs = keras.Input((128, 128, 3))
+    skips = []
+    x = inputs
+    for filters in (16, 32, 64):
+        x = layers.Conv2D(filters, 3, padding="same", activation="relu")(x)
+        x = layers.Conv2D(filters, 3, padding="same", activation="relu")(x)
+        skips.append(x)
+        x = layers.MaxPooling2D()(x)
+    x = layers.Conv2D(128, 3, padding="same", activation="relu")(x)
+    for filters, skip in zip((64, 32, 16), reversed(skips)):
+        x = layers.Conv2DTranspose(filters, 2, strides=2, padding="same")(x)
+        x = layers.Concatenate()([x, skip])
+        x = layers.Conv2D(filters, 3, padding="same", activation="relu")(x)
+    outputs = layers.Conv2D(2, 1)(x)
+    return keras.Model(inputs, outputs, name="unet")
+
+
+def gru() -> keras.Model:
+    """A two-layer GRU regressor on 64 features x 100 steps."""
+    return keras.Sequential(
+        [keras.Input((100, 64)), layers.GRU(128, return_sequences=True), layers.GRU(64),
+         layers.Dense(1)],
+        name="gru",
+    )
+
+
+def vit() -> keras.Model:
+    """A ViT-style model: 8x8 patches of 64 x 64 images, 3 blocks, width 192."""
+    width, heads = 192, 3
+    inputs = keras.Input((64, 64, 3))
+    x = layers.Conv2D(width, 8, strides=8)(inputs)
+    x = layers.Reshape((64, width))(x)
+    for _ in range(3):
+        h = layers.LayerNormalization(epsilon=1e-6)(x)
+        h = layers.MultiHeadAttention(heads, width // heads)(h, h)
+        x = layers.Add()([x, h])
+        h = layers.LayerNormalization(epsilon=1e-6)(x)
+        h = layers.Dense(2 * width, activation="gelu")(h)
+        h = layers.Dense(width)(h)
+        x = layers.Add()([x, h])
+    x = layers.LayerNormalization(epsilon=1e-6)(x)
+    x = layers.GlobalAveragePooling1D()(x)
+    outputs = layers.Dense(10)(x)
+    return keras.Model(inputs, outputs, name="vit")
+
+
+def separable() -> keras.Model:
+    """A depthwise-separable convnet with batch norm (96 x 96 x 3)."""
+    inputs = keras.Input((96, 96, 3))
+    x = layers.Conv2D(32, 3, strides=2, padding="same", use_bias=False)(inputs)
+    x = layers.BatchNormalization()(x)
+    x = layers.ReLU()(x)
+    for filters, stride in ((64, 1), (128, 2), (128, 1), (256, 2)):
+        x = layers.DepthwiseConv2D(3, strides=stride, padding="same", use_bias=False)(x)
+        x = layers.BatchNormalization()(x)
+        x = layers.ReLU()(x)
+        x = layers.SeparableConv2D(filters, 3, padding="same", use_bias=False)(x)
+        x = layers.BatchNormalization()(x)
+        x = layers.ReLU()(x)
+    x = layers.GlobalAveragePooling2D()(x)
+    x = layers.Dropout(0.2)(x)
+    outputs = layers.Dense(10)(x)
+    return keras.Model(inputs, outputs, name="separable")
+
+
+ZOO = {f.__name__: f for f in (mlp, cnn, resnet50, mobilenetv2, vgg16, densenet121, lstm,
+                               transformer)}
+HELD_OUT = {f.__name__: f for f in (unet, gru, vit, separable)}

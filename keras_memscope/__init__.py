@@ -1,0 +1,48 @@
+"""keras_memscope: how much memory and time training a Keras model takes, whether
+it fits, and what to change when it does not.
+
+The records, reports and device profiles import without TensorFlow; the
+functions that need Keras import it on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .devices import DeviceProfile, get_device
+from .records import Holder, LayerRecord, Measurement, MemoryEstimate, TimelinePoint
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "estimate": "keras_memscope.estimator",
+    "summary": "keras_memscope.estimator",
+    "measure": "keras_memscope.measure",
+}
+
+__all__ = [
+    "DeviceProfile",
+    "Holder",
+    "LayerRecord",
+    "Measurement",
+    "MemoryEstimate",
+    "TimelinePoint",
+    "estimate",
+    "get_device",
+    "measure",
+    "summary",
+    "__version__",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'keras_memscope' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,369 @@
+"""``estimate`` and ``summary``: a Keras model -> a MemoryEstimate.
+
+model -> graph (layer calls at a concrete batch) -> rules (prims per call) ->
+schedule (the simulated step) -> an immutable estimate.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from . import devices, optimizers
+from .graph import CallRecord, ModelGraph, trace_model
+from .ir import LayerOp, Prim, WeightUse
+from .records import LayerRecord, MemoryEstimate
+from .rules import DEFAULT_RULES, Builder, Rule, RuleSet, using
+from .rules.core import fallback
+from .schedule import LossSpec, simulate
+from .units import dtype_bytes, round_up
+
+logger = logging.getLogger(__name__)
+
+_WARNED: set[str] = set()
+
+#: TensorFlow ops whose gradient reads none of their inputs.
+_FREE_GRAD_TF_OPS = {
+    "AddV2", "Add", "Sub", "Neg", "Cast", "Identity", "Reshape", "Pad", "PadV2",
+    "ConcatV2", "StridedSlice", "Slice", "Transpose", "ExpandDims", "Squeeze",
+    "Tile", "BiasAdd", "Pack", "Unpack", "Split", "SplitV", "Mean", "Sum",
+    "AddN", "Shape", "Const", "Placeholder", "ReadVariableOp", "BroadcastTo",
+    "GatherV2", "Reverse", "ReverseV2",
+}
+
+
+def _check_batch_size(batch_size: Any) -> int:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int):
+        try:
+            import numpy as np
+
+            if isinstance(batch_size, np.integer):
+                batch_size = int(batch_size)
+            else:
+                raise TypeError
+        except TypeError:
+            raise TypeError(
+                f"batch_size must be a positive integer, got {batch_size!r} "
+                f"({type(batch_size).__name__})"
+            ) from None
+    if batch_size <= 0:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
+    return int(batch_size)
+
+
+def _check_model(model: Any) -> None:
+    import keras
+
+    if not isinstance(model, keras.Layer):
+        raise TypeError(
+            f"expected a Keras model (keras.Model), got {type(model).__name__}; "
+            "build it first, e.g. keras.applications.ResNet50(weights=None)"
+        )
+
+
+def glue_rule(call: CallRecord) -> list[Prim]:
+    """TensorFlow code between recorded calls: a new buffer; the inputs are
+    kept when any of its ops has a gradient that reads them."""
+    b = Builder(call)
+    if not call.outputs:
+        return []
+    ins = [f"in{i}" for i in range(len(call.inputs))]
+    cheap = all(op in _FREE_GRAD_TF_OPS for op in call.tf_ops)
+    views = all(op in ("Reshape", "Identity", "ExpandDims", "Squeeze", "Placeholder",
+                       "ReadVariableOp", "Const") for op in call.tf_ops)
+    if views and ins and call.inputs[0].nbytes == call.outputs[0].nbytes:
+        return b.finish(["in0"])
+    z = b.add1("tf_ops", ins, call.outputs[0].nbytes,
+               save_for={} if cheap else {i: tuple(ins) for i in ins},
+               inplace=ins if cheap else [], grad_inplace=cheap)
+    return b.finish([z])
+
+
+def lower(graph: ModelGraph, ruleset: RuleSet) -> tuple[list[LayerOp], dict[str, int], list[str]]:
+    """Every call -> a LayerOp via its rule; unknown classes use the fallback."""
+    ops: list[LayerOp] = []
+    unsupported: dict[str, int] = {}
+    rule_names: list[str] = []
+    next_id = -1
+    with using(ruleset):
+        for call in graph.calls:
+            outputs = []
+            for t in call.outputs:
+                if t.id == -1:  # a call that returned its input: a fresh view
+                    outputs.append(next_id)
+                    next_id -= 1
+                else:
+                    outputs.append(t.id)
+            if call.glue and call.layer is not None and not call.outputs:
+                prims: list[Prim] = []  # a container's own weights
+                rule_names.append("own weights")
+            elif call.glue:
+                prims = glue_rule(call)
+                rule_names.append("tensorflow ops")
+                if not call.tf_ops or not all(op in _FREE_GRAD_TF_OPS for op in call.tf_ops):
+                    pass
+            else:
+                found = ruleset.lookup(call.layer)
+                if found is None:
+                    rule: Rule = fallback
+                    rule_names.append("fallback")
+                    unsupported[call.class_name] = unsupported.get(call.class_name, 0) + 1
+                    _warn_unsupported(call.class_name)
+                else:
+                    rule, registered = found
+                    rule_names.append(registered)
+                try:
+                    prims = rule(call)
+                except Exception as exc:  # a rule that cannot handle this call
+                    logger.warning("rule for %s failed on %s (%s); using the fallback",
+                                   call.class_name, call.name, exc)
+                    prims = fallback(call)
+                    rule_names[-1] = "fallback"
+                    unsupported[call.class_name] = unsupported.get(call.class_name, 0) + 1
+            ops.append(
+                LayerOp(
+                    index=call.index,
+                    name=call.name,
+                    class_name=call.class_name,
+                    inputs=tuple(t.id for t in call.inputs),
+                    outputs=tuple(outputs),
+                    output_bytes=tuple(t.nbytes for t in call.outputs),
+                    prims=tuple(prims),
+                    weights=call.weights,
+                )
+            )
+    return ops, unsupported, rule_names
+
+
+def _warn_unsupported(class_name: str) -> None:
+    if class_name in _WARNED:
+        return
+    _WARNED.add(class_name)
+    warnings.warn(
+        f"keras_memscope has no cost rule for {class_name}: its weights are exact, "
+        "its outputs are assumed kept for the backward pass. Add one with "
+        f"estimate(..., rules={{{class_name}: my_rule}}).",
+        stacklevel=4,
+    )
+
+
+def _label_bytes(model: Any, outputs: list[Any]) -> list[int]:
+    """Bytes of the labels a fit() step holds: integer class ids for sparse
+    losses, else a float32 tensor shaped like each output."""
+    import keras
+
+    loss = getattr(model, "loss", None)
+    sparse = False
+    for item in (loss if isinstance(loss, (list, tuple)) else [loss]):
+        if isinstance(item, str):
+            sparse = sparse or item.startswith("sparse")
+        elif isinstance(item, keras.losses.Loss):
+            sparse = sparse or type(item).__name__.startswith("Sparse")
+    sizes = []
+    for t in outputs:
+        if sparse:
+            sizes.append(math.prod(t.shape[:-1]) * 8)
+        else:
+            sizes.append(math.prod(t.shape) * 4)
+    return sizes
+
+
+def _policy_name(model: Any) -> str:
+    policy = getattr(model, "dtype_policy", None)
+    return getattr(policy, "name", None) or str(getattr(model, "dtype", "float32"))
+
+
+def estimate(
+    model: Any,
+    batch_size: int,
+    *,
+    optimizer: Any = None,
+    device: str | devices.DeviceProfile | None = "gpu",
+    dtype_policy: str | None = None,
+    input_shape: Any = None,
+    rules: Mapping[type, Rule] | None = None,
+    method: str = "rules",
+) -> MemoryEstimate:
+    """Predict the memory of one steady-state training step of ``model``.
+
+    Args:
+        model: a built Keras 3 model (Sequential, Functional or subclassed).
+        batch_size: samples per step (a positive integer).
+        optimizer: a name or a ``keras.optimizers.Optimizer``; defaults to the
+            model's compiled optimizer, else Adam.
+        device: ``"gpu"``, ``"cpu"`` or a :class:`DeviceProfile`.
+        dtype_policy: e.g. ``"mixed_bfloat16"`` to estimate the model rebuilt
+            under that policy (its own policy otherwise).
+        input_shape: input shape(s) without the batch dimension, for models
+            whose inputs have unknown dimensions or that are not built.
+        rules: ``{LayerClass: rule}`` overriding or adding cost rules.
+        method: ``"rules"`` (the layer-rule engine).
+
+    Returns:
+        A :class:`~keras_memscope.records.MemoryEstimate`.
+
+    Example:
+        >>> import keras, keras_memscope as memscope
+        >>> model = keras.Sequential([keras.Input((1000,)),
+        ...     keras.layers.Dense(100, activation="relu"),
+        ...     keras.layers.Dense(10)])
+        >>> est = memscope.estimate(model, batch_size=256, optimizer="sgd")
+        >>> est.params
+        101110
+        >>> est.weights_bytes == 101110 * 4 + 3 * 256 - (101110 * 4) % 256
+        False
+    """
+    batch_size = _check_batch_size(batch_size)
+    _check_model(model)
+    profile = devices.get_device(device)
+    if method not in ("rules", "auto"):
+        raise ValueError(f"method must be 'rules' or 'auto', got {method!r}")
+    ruleset = DEFAULT_RULES.with_overrides(rules)
+    notes: list[str] = []
+    if dtype_policy is not None and dtype_policy != _policy_name(model):
+        from .transform import with_dtype_policy
+
+        model = with_dtype_policy(model, dtype_policy)
+    opt, opt_notes = optimizers.resolve(optimizer, model)
+    notes += opt_notes
+
+    graph = trace_model(model, batch_size, input_shape=input_shape,
+                        is_leaf=lambda op: ruleset.lookup(op) is not None)
+    ops, unsupported, rule_names = lower(graph, ruleset)
+    state = optimizers.optimizer_state(opt, model)
+
+    weights_bytes = sum(round_up(w.nbytes) for w in graph.variables)
+    input_sizes = [t.nbytes for t in graph.inputs] + _label_bytes(model, list(graph.outputs))
+    input_bytes = sum(round_up(n) for n in input_sizes)
+    # In the order a training run makes them: weights when the model is built,
+    # then the batch, then the optimizer's variables at its first step.
+    persistent = [("weights", w.nbytes) for w in graph.variables]
+    persistent += [("input batch", n) for n in input_sizes]
+    persistent += [("optimizer state", n) for n in state.variable_bytes]
+
+    n_trainable = sum(1 for w in graph.variables if w.trainable)
+    lag = n_trainable + 1 if state.needs_all_gradients else profile.update_lag
+    losses = [LossSpec(saved_bytes=math.prod(t.shape) * 4) for t in graph.outputs]
+    temporaries = state.update_temporaries
+    result = simulate(
+        ops,
+        model_inputs=[t.id for t in graph.inputs],
+        model_outputs=[t.id for t in graph.outputs],
+        losses=losses,
+        update_workspace=lambda nbytes: nbytes * temporaries,
+        persistent=persistent,
+        update_lag=lag,
+        allocator=profile.allocator,
+    )
+
+    records = _layer_records(graph, ops, rule_names, result.layer_saved_bytes,
+                             result.layer_workspace_bytes)
+    params = sum(_elements(w) for w in graph.variables)
+    trainable_params = sum(_elements(w) for w in graph.variables if w.trainable)
+    if graph.unattributed:
+        notes.append(
+            f"{len(graph.unattributed)} variable(s) are read by no recorded layer call; "
+            "counted in the weights"
+        )
+    return MemoryEstimate(
+        model_name=graph.model_name,
+        batch_size=batch_size,
+        method="rules",
+        device=profile.name,
+        optimizer=state.description,
+        dtype_policy=_policy_name(model),
+        params=params,
+        trainable_params=trainable_params,
+        weights_bytes=weights_bytes,
+        optimizer_bytes=state.state_bytes,
+        input_bytes=input_bytes,
+        activations_bytes=result.activations_bytes,
+        gradients_bytes=result.gradients_bytes,
+        workspace_bytes=result.workspace_bytes,
+        allocator_bytes=result.allocator_bytes,
+        overhead_bytes=profile.overhead_bytes,
+        saved_activations_bytes=result.saved_activations_bytes,
+        forward_macs=sum(r.forward_macs for r in records),
+        peak_phase=result.peak_phase,
+        layers=tuple(records),
+        unsupported=unsupported,
+        timeline=result.timeline,
+        peak_holders=result.holders,
+        notes=tuple(notes),
+    )
+
+
+def _elements(w: WeightUse) -> int:
+    return w.nbytes // dtype_bytes(w.dtype)
+
+
+def _layer_records(
+    graph: ModelGraph,
+    ops: list[LayerOp],
+    rule_names: list[str],
+    saved: dict[int, int],
+    workspace: dict[int, int],
+) -> list[LayerRecord]:
+    counted: set[int] = set()
+    records = []
+    for call, op, rule in zip(graph.calls, ops, rule_names):
+        params = trainable = nbytes = 0
+        for w in call.weights:
+            if w.key in counted:
+                continue
+            counted.add(w.key)
+            params += _elements(w)
+            trainable += _elements(w) if w.trainable else 0
+            nbytes += round_up(w.nbytes)
+        records.append(
+            LayerRecord(
+                name=call.name,
+                class_name=call.class_name,
+                input_shapes=tuple(t.shape for t in call.inputs),
+                output_shapes=tuple(t.shape for t in call.outputs),
+                output_dtypes=tuple(t.dtype for t in call.outputs),
+                params=params,
+                trainable_params=trainable,
+                weights_bytes=nbytes,
+                activation_bytes=saved.get(op.index, 0),
+                workspace_bytes=workspace.get(op.index, 0),
+                forward_macs=sum(p.macs for p in op.prims),
+                shared=call.shared,
+                rule=rule,
+            )
+        )
+    rest = [w for w in graph.variables if w.key not in counted]
+    if rest:
+        records.append(
+            LayerRecord(
+                name="<unattributed>", class_name="Variable", input_shapes=(),
+                output_shapes=(), output_dtypes=(),
+                params=sum(_elements(w) for w in rest),
+                trainable_params=sum(_elements(w) for w in rest if w.trainable),
+                weights_bytes=sum(round_up(w.nbytes) for w in rest),
+                activation_bytes=0, workspace_bytes=0, forward_macs=0, rule="",
+            )
+        )
+    return records
+
+
+def summary(
+    model: Any,
+    batch_size: int,
+    *,
+    print_fn: Callable[[str], None] | None = None,
+    **options: Any,
+) -> MemoryEstimate:
+    """Estimate, print a table of layers and totals, and return the estimate.
+
+    Takes the options of :func:`estimate`; ``print_fn`` receives the text
+    (``print`` by default, like ``model.summary``).
+    """
+    from .report import render_summary
+
+    est = estimate(model, batch_size, **options)
+    (print_fn or print)(render_summary(est))
+    return est

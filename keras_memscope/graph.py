@@ -1,0 +1,595 @@
+"""The only code that walks Keras internals: a model -> layer-call records.
+
+The model is called once, symbolically and in training mode, inside a
+TensorFlow graph at the requested batch size, while a hook on
+``keras.Operation.__call__`` records every layer and operation call with its
+input and output tensors. That one route covers Sequential, Functional (nested
+models, shared layers, several inputs and outputs, raw ``keras.ops`` nodes)
+and subclassed models alike. Calls of layers that a cost rule knows are kept
+whole; other containers are opened up into their own calls. Tensors made
+between recorded calls by plain TensorFlow code (``x + y`` inside a subclassed
+``call``) become "glue" calls whose inputs are found by walking the
+TensorFlow graph back to recorded tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from .ir import WeightUse
+from .units import dtype_bytes, num_elements
+
+logger = logging.getLogger(__name__)
+
+Shape = tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    """A tensor of the traced step with its concrete shape."""
+
+    id: int
+    shape: Shape
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        return num_elements(self.shape) * dtype_bytes(self.dtype)
+
+
+@dataclasses.dataclass
+class CallRecord:
+    """One call of a layer or Keras operation, as the rules see it.
+
+    ``layer`` is the Keras object (untyped on purpose: it stays inside
+    ``graph.py`` and ``rules/``). ``glue`` calls stand for TensorFlow code between
+    recorded calls; ``tf_ops`` then names the op types they ran.
+    """
+
+    index: int
+    name: str
+    layer: Any
+    class_name: str
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    kwargs: dict[str, Any]
+    weights: tuple[WeightUse, ...]
+    shared: bool = False
+    glue: bool = False
+    tf_ops: tuple[str, ...] = ()
+
+    @property
+    def params(self) -> int:
+        return sum(_weight_elements(w) for w in self.weights)
+
+
+@dataclasses.dataclass
+class ModelGraph:
+    """Every recorded call of one training-mode forward pass, in order."""
+
+    model_name: str
+    batch_size: int
+    calls: list[CallRecord]
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    variables: tuple[WeightUse, ...]
+    unattributed: tuple[WeightUse, ...]
+    compute_dtype: str
+
+
+def _weight_elements(w: WeightUse) -> int:
+    return w.nbytes // dtype_bytes(w.dtype)
+
+
+# --- inputs -----------------------------------------------------------------
+
+
+def _is_shape(value: Any) -> bool:
+    return isinstance(value, (tuple, list)) and all(
+        d is None or isinstance(d, int) for d in value
+    )
+
+
+def _normalise_input_shapes(input_shape: Any, n_inputs: int) -> list[Shape | None]:
+    if input_shape is None:
+        return [None] * n_inputs
+    if _is_shape(input_shape):
+        shapes = [tuple(input_shape)]
+    elif isinstance(input_shape, (tuple, list)) and all(_is_shape(s) for s in input_shape):
+        shapes = [tuple(s) for s in input_shape]
+    else:
+        raise TypeError(
+            f"input_shape must be a shape without the batch dimension, such as "
+            f"(224, 224, 3), or a list of such shapes, one per model input; got "
+            f"{input_shape!r}"
+        )
+    if len(shapes) != n_inputs:
+        raise ValueError(
+            f"input_shape gives {len(shapes)} shape(s) but the model has "
+            f"{n_inputs} input(s); pass one shape per input, in order"
+        )
+    return shapes  # type: ignore[return-value]
+
+
+def _model_input_specs(model: Any, input_shape: Any) -> list[tuple[str, tuple[Any, ...], str]]:
+    """(name, shape with None batch, dtype) of each model input, building if needed."""
+    import keras
+
+    inputs = _symbolic_inputs(model)
+    if inputs is None:
+        if not model.built:
+            if input_shape is None:
+                raise ValueError(
+                    f"model {model.name!r} is not built and its input shape is "
+                    "unknown: pass input_shape=(...) without the batch dimension, "
+                    "e.g. estimate(model, batch_size=32, input_shape=(28, 28, 1)), "
+                    "or build the model first (keras.Input or model.build)"
+                )
+            shapes = _normalise_input_shapes(input_shape, _count_shapes(input_shape))
+            try:
+                if len(shapes) == 1:
+                    model.build((None, *shapes[0]))  # type: ignore[misc]
+                else:
+                    model.build([(None, *s) for s in shapes])  # type: ignore[misc]
+            except Exception as exc:
+                raise ValueError(
+                    f"could not build model {model.name!r} for input_shape="
+                    f"{input_shape!r}: {exc}"
+                ) from exc
+            inputs = _symbolic_inputs(model)
+        if inputs is None:
+            shapes_dict = getattr(model, "_build_shapes_dict", None) or {}
+            found = [s for s in shapes_dict.values() if s is not None]
+            if not found:
+                raise ValueError(
+                    f"cannot tell the input shape of model {model.name!r}: pass "
+                    "input_shape=(...) without the batch dimension"
+                )
+            specs = []
+            for i, shape in enumerate(found):
+                if _is_shape(shape):
+                    specs.append((f"input_{i}", tuple(shape), _input_dtype(model)))
+                else:  # several shapes under one argument
+                    for j, s in enumerate(shape):
+                        specs.append((f"input_{i}_{j}", tuple(s), _input_dtype(model)))
+            return specs
+    specs = []
+    for i, t in enumerate(inputs):
+        name = getattr(t, "name", None) or f"input_{i}"
+        specs.append((name, tuple(t.shape), keras.backend.standardize_dtype(t.dtype)))
+    return specs
+
+
+def _count_shapes(input_shape: Any) -> int:
+    return 1 if _is_shape(input_shape) else len(input_shape)
+
+
+def _input_dtype(model: Any) -> str:
+    dtype = getattr(model, "input_dtype", None) or "float32"
+    return str(dtype)
+
+
+def _symbolic_inputs(model: Any) -> list[Any] | None:
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError):
+        return None
+    if not inputs:
+        return None
+    return list(inputs)
+
+
+def concrete_input_shapes(
+    model: Any, batch_size: int, input_shape: Any = None
+) -> list[tuple[str, Shape, str]]:
+    """(name, concrete shape, dtype) of every model input at ``batch_size``."""
+    specs = _model_input_specs(model, input_shape)
+    given = _normalise_input_shapes(input_shape, len(specs))
+    out = []
+    for (name, shape, dtype), override in zip(specs, given):
+        dims = list(shape[1:])
+        if override is not None:
+            if len(override) != len(dims):
+                raise ValueError(
+                    f"input_shape {tuple(override)} has {len(override)} dimension(s) "
+                    f"but model input {name!r} has shape {tuple(shape)} "
+                    f"({len(dims)} without the batch)"
+                )
+            for i, (have, want) in enumerate(zip(dims, override)):
+                if have is None:
+                    dims[i] = want
+                elif want is not None and want != have:
+                    raise ValueError(
+                        f"input_shape {tuple(override)} disagrees with model input "
+                        f"{name!r} of shape {tuple(shape)} at dimension {i + 1}"
+                    )
+        unknown = [i + 1 for i, d in enumerate(dims) if d is None]
+        if unknown:
+            raise ValueError(
+                f"model input {name!r} has shape {tuple(shape)} with unknown "
+                f"dimension(s) at position(s) {unknown}: pass input_shape=... "
+                f"giving every dimension after the batch, e.g. input_shape="
+                f"{tuple(d if d is not None else 128 for d in dims)}"
+            )
+        out.append((name, (batch_size, *(int(d) for d in dims)), dtype))
+    return out
+
+
+# --- tracing ----------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Frame:
+    op: Any
+    parent: _Frame | None
+    children: list[_Frame] = dataclasses.field(default_factory=list)
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    outputs: Any = None
+
+
+@contextlib.contextmanager
+def _recording(root: _Frame) -> Iterator[None]:
+    from keras.src.ops.operation import Operation
+
+    original = Operation.__call__
+    stack = [root]
+
+    def hooked(op: Any, *args: Any, **kwargs: Any) -> Any:
+        frame = _Frame(op=op, parent=stack[-1], args=args, kwargs=kwargs)
+        stack[-1].children.append(frame)
+        stack.append(frame)
+        try:
+            frame.outputs = original(op, *args, **kwargs)
+        finally:
+            stack.pop()
+        return frame.outputs
+
+    Operation.__call__ = hooked  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Operation.__call__ = original  # type: ignore[method-assign]
+
+
+def _flat_tensors(value: Any) -> list[Any]:
+    import tensorflow as tf
+    from keras import tree
+
+    try:
+        flat = tree.flatten(value)
+    except Exception:
+        flat = [value]
+    return [t for t in flat if isinstance(t, tf.Tensor)]
+
+
+def _variables_of(op: Any) -> list[Any]:
+    try:
+        return list(op.weights)
+    except Exception:
+        return []
+
+
+class _Tracer:
+    def __init__(
+        self,
+        model: Any,
+        is_leaf: Callable[[Any], bool],
+    ) -> None:
+        self.model = model
+        self.is_leaf = is_leaf
+        self.ids: dict[str, int] = {}
+        self.infos: dict[int, TensorInfo] = {}
+        self.calls: list[CallRecord] = []
+        self.seen_ops: set[int] = set()
+        self.claimed: dict[int, str] = {}
+        self.var_use: dict[int, WeightUse] = {}
+        self.keep: list[Any] = []
+        self.graph: Any = None
+        self.call_counts: dict[str, int] = {}
+
+    # tensors
+    def info(self, t: Any) -> TensorInfo:
+        import keras
+
+        key = t.name
+        if key not in self.ids:
+            tid = len(self.ids) + 1
+            self.ids[key] = tid
+            shape = tuple(int(d) if d is not None else -1 for d in t.shape)
+            if any(d < 0 for d in shape):
+                raise ValueError(
+                    f"tensor {key} has a dimension TensorFlow could not infer "
+                    f"({t.shape}); pass input_shape=... so every dimension is known"
+                )
+            self.infos[tid] = TensorInfo(tid, shape, keras.backend.standardize_dtype(t.dtype))
+            self.keep.append(t)
+        return self.infos[self.ids[key]]
+
+    def known(self, t: Any) -> bool:
+        return t.name in self.ids
+
+    # weights
+    def weight_uses(self, variables: Sequence[Any], owner: Any) -> tuple[WeightUse, ...]:
+        import keras
+
+        uses = []
+        names: dict[str, int] = {}
+        for v in variables:
+            names[v.name] = names.get(v.name, 0) + 1
+        for v in variables:
+            key = id(v)
+            if key not in self.var_use:
+                self.keep.append(v)
+                dtype = keras.backend.standardize_dtype(v.dtype)
+                nbytes = num_elements(tuple(v.shape)) * dtype_bytes(dtype)
+                self.var_use[key] = WeightUse(key, v.name, nbytes, bool(v.trainable), dtype,
+                                              tuple(int(d) for d in v.shape))
+            use = self.var_use[key]
+            name = v.name if names[v.name] == 1 else v.path
+            uses.append(dataclasses.replace(use, name=name))
+        return tuple(uses)
+
+    # frames
+    def walk(self, frame: _Frame, prefix: str) -> None:
+        for child in frame.children:
+            if not _in_graph(child.outputs, self.graph):
+                continue  # a scratch trace Keras ran to build something
+            op = child.op
+            name = getattr(op, "name", None) or type(op).__name__
+            path = f"{prefix}{name}"
+            if type(op).__name__ == "InputLayer":
+                continue
+            if self.is_leaf(op) or not child.children:
+                self.add_call(child, path)
+            else:
+                self.walk(child, path + "/")
+                own = self.own_variables(op)
+                if own:
+                    self.add_own_weights(op, path, own)
+
+    def own_variables(self, op: Any) -> list[Any]:
+        """Variables of a container that no sub-layer owns."""
+        mine = _variables_of(op)
+        nested = set()
+        for layer in getattr(op, "_flatten_layers", lambda **k: [])(include_self=False):
+            nested.update(id(v) for v in _variables_of(layer))
+        return [v for v in mine if id(v) not in nested and id(v) not in self.claimed]
+
+    def add_own_weights(self, op: Any, path: str, variables: list[Any]) -> None:
+        for v in variables:
+            self.claimed[id(v)] = path
+        # Recorded as a call with no tensors so that parameters add up; the
+        # raw ops that read them are glue calls.
+        self.calls.append(
+            CallRecord(
+                index=len(self.calls),
+                name=f"{path}:own",
+                layer=op,
+                class_name=type(op).__name__,
+                inputs=(),
+                outputs=(),
+                kwargs={},
+                weights=self.weight_uses(variables, op),
+                glue=True,
+                tf_ops=("own weights",),
+            )
+        )
+
+    def add_call(self, frame: _Frame, path: str) -> None:
+        op = frame.op
+        in_tensors = _flat_tensors((frame.args, frame.kwargs))
+        out_tensors = _flat_tensors(frame.outputs)
+        for t in in_tensors:
+            if not self.known(t):
+                self.add_glue(t, path)
+        inputs = tuple(self.info(t) for t in in_tensors)
+        count = self.call_counts.get(path, 0)
+        self.call_counts[path] = count + 1
+        name = path if count == 0 else f"{path}:{count}"
+        shared = id(op) in self.seen_ops
+        self.seen_ops.add(id(op))
+        outputs = []
+        for t in out_tensors:
+            if self.known(t):
+                # The call returned a tensor it was given (or one seen before):
+                # give the output its own identity, a view of the same buffer.
+                outputs.append(TensorInfo(-1, tuple(int(d) for d in t.shape),
+                                          self.info(t).dtype))
+            else:
+                outputs.append(self.info(t))
+        variables = _variables_of(op)
+        for v in variables:
+            self.claimed.setdefault(id(v), name)
+        self.calls.append(
+            CallRecord(
+                index=len(self.calls),
+                name=name,
+                layer=op,
+                class_name=type(op).__name__,
+                inputs=inputs,
+                outputs=tuple(outputs),
+                kwargs=dict(frame.kwargs),
+                weights=self.weight_uses(variables, op),
+                shared=shared,
+            )
+        )
+
+    def add_glue(self, t: Any, path: str) -> None:
+        """Record the TensorFlow ops that made ``t`` from recorded tensors."""
+        sources: list[Any] = []
+        op_types: list[str] = []
+        seen: set[str] = set()
+        stack = [t]
+        while stack:
+            cur = stack.pop()
+            if cur.name in seen:
+                continue
+            seen.add(cur.name)
+            if self.known(cur) and cur is not t:
+                sources.append(cur)
+                continue
+            tf_op = cur.op
+            op_types.append(tf_op.type)
+            if tf_op.type in ("Placeholder", "ReadVariableOp", "Const", "VarHandleOp"):
+                continue
+            stack.extend(tf_op.inputs)
+        for s in sources:
+            if not self.known(s):
+                self.add_glue(s, path)
+        inputs = tuple(self.info(s) for s in sources)
+        out = self.info(t)
+        parent = path.rsplit("/", 1)[0] if "/" in path else self.model.name
+        self.calls.append(
+            CallRecord(
+                index=len(self.calls),
+                name=f"{parent}/<tf:{t.op.type}>",
+                layer=None,
+                class_name="TensorFlowOps",
+                inputs=inputs,
+                outputs=(out,),
+                kwargs={},
+                weights=(),
+                glue=True,
+                tf_ops=tuple(dict.fromkeys(op_types)),
+            )
+        )
+
+
+def _in_graph(outputs: Any, graph: Any) -> bool:
+    tensors = _flat_tensors(outputs)
+    if not tensors:
+        return True
+    return any(_graph_chain_contains(t.graph, graph) for t in tensors)
+
+
+def _graph_chain_contains(g: Any, target: Any) -> bool:
+    while g is not None:
+        if g is target:
+            return True
+        g = getattr(g, "outer_graph", None)
+    return False
+
+
+def trace_model(
+    model: Any,
+    batch_size: int,
+    *,
+    input_shape: Any = None,
+    is_leaf: Callable[[Any], bool] = lambda op: False,
+) -> ModelGraph:
+    """Record every layer call of one training-mode forward pass of ``model``."""
+    import keras
+    import tensorflow as tf
+    from keras import tree
+
+    if keras.backend.backend() != "tensorflow":
+        raise RuntimeError(
+            "keras_memscope traces models with the TensorFlow backend; set "
+            "KERAS_BACKEND=tensorflow before importing keras"
+        )
+    specs = concrete_input_shapes(model, batch_size, input_shape)
+    tf_specs = [tf.TensorSpec(shape, dtype, name=_safe_name(name, i))
+                for i, (name, shape, dtype) in enumerate(specs)]
+    structure = getattr(model, "_inputs_struct", None)
+
+    def forward(*xs: Any) -> Any:
+        if structure is not None and len(xs) == len(tree.flatten(structure)):
+            args = tree.pack_sequence_as(structure, list(xs))
+        else:
+            args = xs[0] if len(xs) == 1 else list(xs)
+        return model(args, training=True)
+
+    root = _Frame(op=None, parent=None)
+    tracer = _Tracer(model, is_leaf)
+    with _recording(root):
+        concrete = tf.function(forward, autograph=False).get_concrete_function(*tf_specs)
+    graph = concrete.graph
+    tracer.graph = graph
+    placeholders = [t for t in graph.inputs if t.dtype != tf.resource][: len(specs)]
+    model_inputs = tuple(tracer.info(t) for t in placeholders)
+    tops = [f for f in root.children if f.op is model and _in_graph(f.outputs, graph)]
+    top = tops[-1] if tops else None
+    if top is None:
+        raise RuntimeError(f"calling model {model.name!r} recorded no operations")
+    if tracer.is_leaf(top.op):
+        tracer.add_call(top, model.name)
+    else:
+        tracer.walk(top, "")
+    out_tensors = _flat_tensors(top.outputs)
+    for t in out_tensors:
+        if not tracer.known(t):
+            tracer.add_glue(t, model.name)
+    outputs = tuple(tracer.info(t) for t in out_tensors)
+
+    every = tracer.weight_uses(list(model.weights), model)
+    unattributed = tuple(w for w in every if w.key not in tracer.claimed)
+    for c in tracer.calls:
+        if c.layer is not None:
+            c.layer = c.layer  # keep untyped Keras objects here
+    graph_obj = ModelGraph(
+        model_name=model.name,
+        batch_size=batch_size,
+        calls=tracer.calls,
+        inputs=model_inputs,
+        outputs=outputs,
+        variables=every,
+        unattributed=unattributed,
+        compute_dtype=str(getattr(model, "compute_dtype", "float32")),
+    )
+    graph_obj._keep = tracer.keep  # type: ignore[attr-defined]
+    return graph_obj
+
+
+def _safe_name(name: str, i: int) -> str:
+    cleaned = "".join(ch if ch.isalnum() or ch in "_." else "_" for ch in str(name))
+    if not cleaned or not cleaned[0].isalpha():
+        cleaned = f"input_{i}_{cleaned}"
+    return cleaned
+
+
+@contextlib.contextmanager
+def weightless() -> Iterator[None]:
+    """Create Keras variables without allocating them, and leave it that way.
+
+    Variables made inside ``keras.StatelessScope(initialize_variables=False)``
+    wait in a global list that the next top-level stateless scope would
+    allocate; the ones made here are taken off that list on the way out.
+    """
+    import keras
+    from keras.src.backend.common import global_state
+    from keras.src.backend.common.variables import Variable as KerasVariable
+
+    # Keras refuses variables made from a concrete value (Nadam's u_product,
+    # Adafactor's placeholders) inside a stateless scope; give them an
+    # initializer that returns the value, so they are deferred like the rest.
+    original_init = KerasVariable.__init__
+
+    def init(self: Any, initializer: Any, shape: Any = None, dtype: Any = None,
+             *args: Any, **kwargs: Any) -> None:
+        if not callable(initializer) and not isinstance(initializer, str):
+            value = keras.ops.convert_to_tensor(initializer, dtype=dtype)
+            dtype = dtype or keras.backend.standardize_dtype(value.dtype)
+            shape = tuple(value.shape) if shape is None else shape
+
+            def initializer(shape: Any, dtype: Any = None, _v: Any = value) -> Any:
+                return keras.ops.cast(_v, dtype) if dtype else _v
+
+        original_init(self, initializer, shape, dtype, *args, **kwargs)
+
+    before = list(global_state.get_global_attribute("uninitialized_variables") or [])
+    KerasVariable.__init__ = init  # type: ignore[method-assign]
+    try:
+        with keras.StatelessScope(initialize_variables=False):
+            yield
+    finally:
+        KerasVariable.__init__ = original_init  # type: ignore[method-assign]
+        current = global_state.get_global_attribute("uninitialized_variables") or []
+        mine = {id(v) for v in current} - {id(v) for v in before}
+        global_state.set_global_attribute(
+            "uninitialized_variables", [v for v in current if id(v) not in mine]
+        )

@@ -1,0 +1,114 @@
+"""The small op language that cost rules speak and the step simulator runs.
+
+A rule describes one layer call as a short list of :class:`Prim` operations,
+each naming the tensors it reads and writes by local reference: ``"in0"``,
+``"in1"`` ... are the call's inputs, ``"out0"`` ... its outputs, ``"w:NAME"``
+the layer's weight called NAME (``"w:kernel"``), any other name a tensor
+private to the call. A weight is an input like any other, whose gradient goes
+to the optimizer. A prim also says which tensors its gradient needs (so they
+stay alive until the backward pass), which inputs receive a gradient, and
+whether its output may take over an input's buffer (TensorFlow forwards the
+buffer of an element-wise op's input when nothing else holds it).
+
+No framework import: rules build these from shapes and dtypes only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class Prim:
+    """One primitive operation of a layer's forward pass.
+
+    Attributes:
+        name: what the op is, for reports (``"matmul"``, ``"relu"``).
+        inputs: local references of the tensors it reads.
+        outputs: ``(reference, bytes)`` of the tensors it creates.
+        save: references its backward needs whatever gradients are wanted.
+        save_for: ``(input, references)`` pairs: what the gradient with respect
+            to that input needs (a matmul's weight gradient needs its input).
+        differentiable: inputs that receive a gradient (``None``: all inputs).
+        inplace: inputs whose buffer output 0 may take over when nothing else
+            holds it (element-wise ops).
+        alias: output 0 is a view of input 0 (reshape): no allocation at all.
+        forward_workspace_bytes: temporary bytes alive only while it runs.
+        backward_workspace_bytes: temporary bytes alive only while its gradient runs.
+        workspace_for: ``(input, bytes)`` pairs: more temporary bytes while the
+            gradient with respect to that input is computed.
+        grad_inplace: its input gradient may take over the buffer of its output
+            gradient (element-wise gradients).
+        macs: multiply-accumulates of the forward op, whole batch.
+    """
+
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[tuple[str, int], ...]
+    save: tuple[str, ...] = ()
+    save_for: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    differentiable: tuple[str, ...] | None = None
+    inplace: tuple[str, ...] = ()
+    alias: bool = False
+    forward_workspace_bytes: int = 0
+    backward_workspace_bytes: int = 0
+    workspace_for: tuple[tuple[str, int], ...] = ()
+    grad_inplace: bool = False
+    macs: int = 0
+
+    def grad_inputs(self) -> tuple[str, ...]:
+        return self.inputs if self.differentiable is None else self.differentiable
+
+
+def prim(
+    name: str,
+    inputs: Sequence[str],
+    outputs: Sequence[tuple[str, int]],
+    **kwargs: object,
+) -> Prim:
+    """Build a :class:`Prim` from lists (a convenience for rules)."""
+    for key in ("save", "inplace"):
+        if key in kwargs:
+            kwargs[key] = tuple(kwargs[key])  # type: ignore[arg-type]
+    if "workspace_for" in kwargs:
+        given = kwargs["workspace_for"]
+        items = given.items() if isinstance(given, dict) else given  # type: ignore[union-attr]
+        kwargs["workspace_for"] = tuple((k, int(v)) for k, v in items)  # type: ignore[union-attr]
+    if "save_for" in kwargs:
+        given = kwargs["save_for"]
+        items = given.items() if isinstance(given, dict) else given  # type: ignore[union-attr]
+        kwargs["save_for"] = tuple((k, tuple(v)) for k, v in items)  # type: ignore[union-attr]
+    if kwargs.get("differentiable") is not None:
+        kwargs["differentiable"] = tuple(kwargs["differentiable"])  # type: ignore[arg-type]
+    return Prim(name=name, inputs=tuple(inputs), outputs=tuple(outputs), **kwargs)  # type: ignore[arg-type]
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightUse:
+    """A variable read by a layer call; ``key`` identifies it model-wide."""
+
+    key: int
+    name: str
+    nbytes: int
+    trainable: bool
+    dtype: str = "float32"
+    shape: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerOp:
+    """One layer call lowered to prims, with its tensors named globally.
+
+    ``inputs``/``outputs`` are global tensor ids; ``output_bytes`` the bytes of
+    each output. The simulator maps ``"inN"``/``"outN"`` to them.
+    """
+
+    index: int
+    name: str
+    class_name: str
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    output_bytes: tuple[int, ...]
+    prims: tuple[Prim, ...]
+    weights: tuple[WeightUse, ...]

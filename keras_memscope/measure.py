@@ -1,0 +1,201 @@
+"""Real memory of training steps, read from TensorFlow's allocator.
+
+On the CPU, TensorFlow's default allocator does not count small tensors; with
+``TF_CPU_ALLOCATOR_USE_BFC=true`` set before TensorFlow is imported the CPU
+uses the same BFC allocator as GPUs and every allocation is counted. A
+measurement therefore runs in a fresh Python process with that set (the model
+travels as its Keras config, or as a ``module:function`` that builds it),
+unless the calling process was started with it.
+
+Method: build, compile, hold one synthetic batch as tensors, run one warm-up
+step (it traces), then for each step reset the peak statistics, run the step
+and read the peak. ``persistent_bytes`` is what was allocated before a step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+from .records import Measurement
+
+ENV_BFC = "TF_CPU_ALLOCATOR_USE_BFC"
+
+
+def _default_loss(output_shape: tuple[int | None, ...]) -> str:
+    if len(output_shape) >= 2 and (output_shape[-1] or 1) > 1:
+        return "sparse_categorical_crossentropy"
+    return "mse"
+
+
+def run_steps(model: Any, batch_size: int, *, optimizer: Any, loss: Any, steps: int,
+              device: str, input_shape: Any = None) -> dict[str, Any]:
+    """Compile ``model``, train it on one synthetic batch, read the allocator.
+
+    Runs in the current process; the caller is responsible for the allocator
+    setting (see :func:`measure`).
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    from .graph import concrete_input_shapes
+
+    specs = concrete_input_shapes(model, batch_size, input_shape)
+    rng = np.random.default_rng(0)
+    xs = []
+    for _, shape, dtype in specs:
+        if dtype.startswith("int") or dtype.startswith("uint") or dtype == "bool":
+            xs.append(tf.constant(np.zeros(shape, dtype=dtype)))
+        else:
+            xs.append(tf.constant(rng.standard_normal(shape).astype(dtype)))
+    x = xs[0] if len(xs) == 1 else xs
+    outputs = model.outputs if getattr(model, "outputs", None) else None
+    out_shapes = [tuple(o.shape) for o in outputs] if outputs else [
+        tuple(model.compute_output_shape((batch_size, *specs[0][1][1:])))]
+    if loss is None:
+        loss = getattr(model, "loss", None) or [_default_loss(s) for s in out_shapes]
+        if isinstance(loss, list) and len(loss) == 1:
+            loss = loss[0]
+    model.compile(optimizer=optimizer, loss=loss, jit_compile=False)
+    losses = loss if isinstance(loss, list) else [loss] * len(out_shapes)
+    ys = []
+    for shape, item in zip(out_shapes, losses):
+        name = item if isinstance(item, str) else type(item).__name__
+        if "sparse" in name.lower():
+            ys.append(tf.constant(np.zeros((batch_size, *shape[1:-1]), dtype="int32")))
+        else:
+            ys.append(tf.constant(np.zeros((batch_size, *shape[1:]), dtype="float32")))
+    y = ys[0] if len(ys) == 1 else ys
+    dev = "GPU:0" if device == "gpu" else "CPU:0"
+    model.train_on_batch(x, y)
+    peaks, currents = [], []
+    for _ in range(steps):
+        tf.config.experimental.reset_memory_stats(dev)
+        currents.append(tf.config.experimental.get_memory_info(dev)["current"])
+        model.train_on_batch(x, y)
+        peaks.append(tf.config.experimental.get_memory_info(dev)["peak"])
+    import resource
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"step_peak_bytes": peaks, "persistent_bytes": min(currents),
+            "rss_peak_bytes": rss}
+
+
+def _worker_main() -> None:
+    """Entry of the measuring subprocess: a JSON spec on stdin, JSON on stdout."""
+    spec = json.load(sys.stdin)
+    import importlib
+
+    import keras
+
+    if spec.get("builder"):
+        module, _, func = spec["builder"].partition(":")
+        model = getattr(importlib.import_module(module), func)(**spec.get("builder_kwargs", {}))
+    else:
+        if spec.get("dtype_policy"):
+            keras.config.set_dtype_policy(spec["dtype_policy"])
+        model = keras.saving.deserialize_keras_object(spec["model"])
+        if spec.get("input_shape") and not model.built:
+            model.build((None, *spec["input_shape"]))
+    optimizer = spec.get("optimizer") or "adam"
+    if isinstance(optimizer, dict):
+        optimizer = keras.optimizers.deserialize(optimizer)
+    result = run_steps(model, spec["batch_size"], optimizer=optimizer, loss=spec.get("loss"),
+                       steps=spec["steps"], device=spec["device"],
+                       input_shape=spec.get("input_shape"))
+    result["model_name"] = model.name
+    result["optimizer"] = type(model.optimizer).__name__
+    json.dump(result, sys.stdout)
+
+
+def measure_subprocess(spec: dict[str, Any], *, timeout_s: float = 1800) -> dict[str, Any]:
+    """Run one measurement spec in a fresh process with the BFC allocator on."""
+    env = dict(os.environ)
+    env[ENV_BFC] = "true"
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    env.setdefault("KERAS_BACKEND", "tensorflow")
+    env.pop("TF_ENABLE_ONEDNN_OPTS", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", "from keras_memscope.measure import _worker_main; _worker_main()"],
+        input=json.dumps(spec), capture_output=True, text=True, env=env, timeout=timeout_s,
+    )
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-5:]
+        raise RuntimeError("measurement process failed:\n" + "\n".join(tail))
+    lines = [ln for ln in proc.stdout.strip().splitlines() if ln.startswith("{")]
+    return json.loads(lines[-1])
+
+
+def measure(
+    model: Any,
+    batch_size: int,
+    *,
+    optimizer: Any = None,
+    steps: int = 5,
+    device: str | None = None,
+    input_shape: Any = None,
+    loss: Any = None,
+    in_process: bool | None = None,
+) -> Measurement:
+    """Measure the allocator peak of real training steps of ``model``.
+
+    In a fresh subprocess (the caller's session is untouched) unless this
+    process was started with ``TF_CPU_ALLOCATOR_USE_BFC=true`` or runs on a GPU,
+    where it measures in-process on a copy of the model.
+    """
+    import keras
+
+    from .estimator import _check_batch_size, _check_model
+
+    batch_size = _check_batch_size(batch_size)
+    _check_model(model)
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    if device is None:
+        import tensorflow as tf
+
+        device = "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
+    if device not in ("cpu", "gpu"):
+        raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
+    if optimizer is None:
+        optimizer = getattr(model, "optimizer", None) or "adam"
+    opt_spec = optimizer if isinstance(optimizer, str) else keras.optimizers.serialize(optimizer)
+    if in_process is None:
+        in_process = device == "gpu" or os.environ.get(ENV_BFC, "").lower() == "true"
+    if in_process:
+        clone = keras.models.clone_model(model)
+        opt = keras.optimizers.get(opt_spec) if isinstance(opt_spec, str) else \
+            keras.optimizers.deserialize(opt_spec)
+        raw = run_steps(clone, batch_size, optimizer=opt, loss=loss, steps=steps,
+                        device=device, input_shape=input_shape)
+        raw["model_name"] = model.name
+        raw["optimizer"] = type(opt).__name__
+    else:
+        try:
+            config = keras.saving.serialize_keras_object(model)
+            json.dumps(config)
+        except Exception as exc:
+            raise ValueError(
+                f"model {model.name!r} cannot travel to the measuring process as a "
+                f"config ({exc}); register custom layers with "
+                "keras.saving.register_keras_serializable, or start Python with "
+                "TF_CPU_ALLOCATOR_USE_BFC=true and pass in_process=True"
+            ) from exc
+        spec = {"model": config, "batch_size": batch_size, "optimizer": opt_spec,
+                "steps": steps, "device": device, "loss": loss,
+                "input_shape": list(input_shape) if input_shape else None,
+                "dtype_policy": getattr(getattr(model, "dtype_policy", None), "name", None)}
+        raw = measure_subprocess(spec)
+    peaks = raw["step_peak_bytes"]
+    return Measurement(
+        model_name=raw["model_name"], batch_size=batch_size, device=device,
+        optimizer=raw["optimizer"], peak_bytes=max(peaks),
+        persistent_bytes=raw["persistent_bytes"], step_peak_bytes=tuple(peaks),
+        rss_peak_bytes=raw["rss_peak_bytes"],
+        allocator="BFC" if (device == "gpu" or not in_process
+                            or os.environ.get(ENV_BFC, "").lower() == "true") else "default",
+        in_subprocess=not in_process,
+    )

@@ -1,0 +1,172 @@
+"""Optimizer state and the memory an update step needs.
+
+The state is read from the optimizer itself: a fresh copy of the user's
+optimizer is built on the model's trainable variables inside a weightless
+scope, so every slot Keras would create (momentum, Adam's moments, Adafactor's
+factored statistics, EMA copies, gradient accumulators, the loss-scale
+variables) is counted with its real shape and dtype, and nothing is
+allocated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from .units import dtype_bytes, round_up
+
+#: Temporaries one variable's update allocates, as multiples of its size, read
+#: off each optimizer's ``update_step`` expression tree on TensorFlow (buffers
+#: that cannot be overwritten in place while the gradient is still read).
+_UPDATE_TEMPORARIES = {
+    "SGD": 1,
+    "SGD+momentum": 1,
+    "SGD+nesterov": 2,
+    "Adam": 2,
+    "AdamW": 2,
+    "Adamax": 2,
+    "Nadam": 3,
+    "Lamb": 3,
+    "Lion": 2,
+    "RMSprop": 2,
+    "Adagrad": 1,
+    "Adadelta": 3,
+    "Ftrl": 3,
+    "Adafactor": 3,
+    "Muon": 3,
+}
+_DEFAULT_TEMPORARIES = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerState:
+    """What an optimizer holds and how its update behaves.
+
+    ``state_bytes`` is the sum of the optimizer's variables (allocator-rounded);
+    ``update_temporaries`` the multiple of a variable's size its update
+    allocates; ``needs_all_gradients`` is True when the update cannot start
+    before every gradient exists (loss scaling checks all gradients for
+    infinities, global-norm clipping needs their joint norm).
+    """
+
+    name: str
+    description: str
+    state_bytes: int
+    update_temporaries: int
+    needs_all_gradients: bool
+    variables: tuple[tuple[str, tuple[int, ...], str], ...]
+
+    @property
+    def variable_bytes(self) -> list[int]:
+        return [math.prod(shape) * dtype_bytes(dtype) for _, shape, dtype in self.variables]
+
+
+def resolve(optimizer: Any, model: Any) -> tuple[Any, list[str]]:
+    """The Keras optimizer to model, and notes about how it was chosen."""
+    import keras
+
+    notes: list[str] = []
+    if optimizer is None:
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is None:
+            notes.append(
+                "no optimizer given and the model is not compiled: assumed Adam "
+                "(pass optimizer=... to choose)"
+            )
+            optimizer = "adam"
+    if isinstance(optimizer, str):
+        try:
+            optimizer = keras.optimizers.get(optimizer)
+        except ValueError:
+            known = sorted(
+                n.lower() for n in dir(keras.optimizers)
+                if isinstance(getattr(keras.optimizers, n), type)
+                and issubclass(getattr(keras.optimizers, n), keras.optimizers.Optimizer)
+                and n not in ("Optimizer", "LossScaleOptimizer")
+            )
+            raise ValueError(
+                f"unknown optimizer {optimizer!r}: use a keras.optimizers instance "
+                f"or one of {', '.join(known)}"
+            ) from None
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(
+            f"optimizer must be a name or a keras.optimizers.Optimizer, got "
+            f"{type(optimizer).__name__}"
+        )
+    # What Model.compile does: a mixed_float16 model trains with loss scaling.
+    policy = getattr(getattr(model, "dtype_policy", None), "name", "")
+    if policy == "mixed_float16" and not isinstance(
+        optimizer, keras.optimizers.LossScaleOptimizer
+    ):
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    return optimizer, notes
+
+
+def _fresh_copy(optimizer: Any) -> Any:
+    """An unbuilt optimizer with the same configuration."""
+    return type(optimizer).from_config(optimizer.get_config())
+
+
+def _kind(optimizer: Any) -> str:
+    import keras
+
+    inner = getattr(optimizer, "inner_optimizer", None)
+    if inner is not None:
+        return _kind(inner)
+    name = type(optimizer).__name__
+    if isinstance(optimizer, keras.optimizers.SGD):
+        if getattr(optimizer, "nesterov", False) and optimizer.momentum:
+            return "SGD+nesterov"
+        if optimizer.momentum:
+            return "SGD+momentum"
+        return "SGD"
+    return name
+
+
+def _describe(optimizer: Any) -> str:
+    inner = getattr(optimizer, "inner_optimizer", None)
+    base = type(optimizer).__name__
+    if inner is not None:
+        return f"{base}({_describe(inner)})"
+    options = []
+    for attr in ("momentum", "nesterov", "amsgrad", "centered", "use_ema"):
+        value = getattr(optimizer, attr, None)
+        if value:
+            options.append(f"{attr}={value}")
+    steps = getattr(optimizer, "gradient_accumulation_steps", None)
+    if steps:
+        options.append(f"gradient_accumulation_steps={steps}")
+    return base + (f"({', '.join(options)})" if options else "")
+
+
+def optimizer_state(optimizer: Any, model: Any) -> OptimizerState:
+    """Build a fresh copy of ``optimizer`` weightlessly and read its variables."""
+    import keras
+
+    from .graph import weightless
+
+    trainable = [v for v in model.trainable_variables]
+    copy = _fresh_copy(optimizer)
+    with weightless():
+        copy.build(trainable)
+        variables = list(copy.variables)
+    described = []
+    total = 0
+    for v in variables:
+        dtype = keras.backend.standardize_dtype(v.dtype)
+        shape = tuple(int(d) for d in v.shape)
+        total += round_up(math.prod(shape) * dtype_bytes(dtype))
+        described.append((v.path if hasattr(v, "path") else v.name, shape, dtype))
+    needs_all = bool(getattr(optimizer, "inner_optimizer", None) is not None) or bool(
+        getattr(optimizer, "global_clipnorm", None)
+    )
+    kind = _kind(optimizer)
+    return OptimizerState(
+        name=type(optimizer).__name__,
+        description=_describe(optimizer),
+        state_bytes=total,
+        update_temporaries=_UPDATE_TEMPORARIES.get(kind, _DEFAULT_TEMPORARIES),
+        needs_all_gradients=needs_all,
+        variables=tuple(described),
+    )

@@ -1,0 +1,95 @@
+"""Records -> text tables (tabulate), JSON and CSV. Computes nothing."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+from tabulate import tabulate
+
+from .records import MemoryEstimate
+from .units import human_bytes, human_count
+
+
+def _shape(shapes: tuple[tuple[int, ...], ...]) -> str:
+    if not shapes:
+        return ""
+    text = ", ".join("(" + ", ".join(str(d) for d in s) + ")" for s in shapes)
+    return text
+
+
+def layer_rows(est: MemoryEstimate) -> list[list[object]]:
+    rows = []
+    for r in est.layers:
+        rows.append([
+            r.name + (" (shared)" if r.shared else ""),
+            r.class_name,
+            _shape(r.output_shapes),
+            f"{r.params:,}",
+            human_bytes(r.activation_bytes),
+            human_count(r.forward_macs) if r.forward_macs else "",
+        ])
+    return rows
+
+
+def totals_rows(est: MemoryEstimate) -> list[list[str]]:
+    return [
+        ["weights", human_bytes(est.weights_bytes)],
+        ["optimizer state", human_bytes(est.optimizer_bytes)],
+        ["input batch and labels", human_bytes(est.input_bytes)],
+        ["activations (alive at peak)", human_bytes(est.activations_bytes)],
+        ["gradients (alive at peak)", human_bytes(est.gradients_bytes)],
+        ["workspace (alive at peak)", human_bytes(est.workspace_bytes)],
+        ["allocator chunks beyond requests", human_bytes(est.allocator_bytes)],
+        ["= allocator peak", human_bytes(est.peak_bytes)],
+        [f"runtime overhead ({est.device})", human_bytes(est.overhead_bytes)],
+        ["= total", human_bytes(est.total_bytes)],
+    ]
+
+
+def render_summary(est: MemoryEstimate, *, max_holders: int = 5) -> str:
+    """The text ``memscope.summary`` prints."""
+    head = (
+        f'Model "{est.model_name}"  batch {est.batch_size}  optimizer {est.optimizer}  '
+        f"policy {est.dtype_policy}  device {est.device}  method {est.method}"
+    )
+    table = tabulate(
+        layer_rows(est),
+        headers=["Layer", "Class", "Output shape", "Params", "Kept for backward", "Fwd MACs"],
+        tablefmt="simple",
+        disable_numparse=True,
+    )
+    totals = tabulate(totals_rows(est), tablefmt="plain", colalign=("left", "right"))
+    lines = [head, table, "",
+             f"Params: {est.params:,} ({est.trainable_params:,} trainable)   "
+             f"Forward MACs: {human_count(est.forward_macs)}",
+             f"Saved activations at the end of the forward pass: "
+             f"{human_bytes(est.saved_activations_bytes)}",
+             "", totals, "", f"Peak during the {est.peak_phase} phase; largest holders:"]
+    for h in est.peak_holders[:max_holders]:
+        lines.append(f"  {human_bytes(h.bytes):>10}  {h.kind:<17} {h.layer}")
+    if est.unsupported:
+        lines.append("")
+        lines.append("No cost rule (fallback used): " + ", ".join(
+            f"{k} x{v}" for k, v in est.unsupported.items()))
+    for note in est.notes:
+        lines.append(f"Note: {note}")
+    return "\n".join(lines)
+
+
+def to_json(est: MemoryEstimate, *, indent: int | None = 2) -> str:
+    return json.dumps(est.to_dict(), indent=indent)
+
+
+def to_csv(est: MemoryEstimate) -> str:
+    """One row per layer call."""
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(["name", "class_name", "output_shapes", "params", "trainable_params",
+                     "activation_bytes", "workspace_bytes", "forward_macs", "shared", "rule"])
+    for r in est.layers:
+        writer.writerow([r.name, r.class_name, _shape(r.output_shapes), r.params,
+                         r.trainable_params, r.activation_bytes, r.workspace_bytes,
+                         r.forward_macs, r.shared, r.rule])
+    return out.getvalue()

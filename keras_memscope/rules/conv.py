@@ -1,0 +1,145 @@
+"""Convolution rules: regular, transposed, depthwise and separable.
+
+TensorFlow's convolution gradients need the input (for the filter gradient)
+and the filter (for the input gradient); the bias add keeps nothing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+
+from ..graph import CallRecord
+from ..ir import Prim
+from . import register
+from .base import Builder, activation_name, apply_activation, read_weight, weight_ref
+from .core import compute_dtype, linear_prims
+
+
+def _channels(shape: tuple[int, ...], data_format: str) -> int:
+    return shape[1] if data_format == "channels_first" else shape[-1]
+
+
+def conv_macs(call: CallRecord) -> int:
+    """Regular conv: ``elements(out) x k_h x k_w x (in_channels / groups)``, i.e.
+    out_channels x out_h x out_w x (k_h x k_w x in_channels) per sample."""
+    kernel = tuple(call.layer.kernel.shape)  # (*k, in/groups, out)
+    out = call.outputs[0].shape
+    return math.prod(out) * math.prod(kernel[:-1])
+
+
+def conv_transpose_macs(call: CallRecord) -> int:
+    """Transposed conv: every input element is scattered through the kernel:
+    ``elements(in) x k_h x k_w x out_channels``."""
+    kernel = tuple(call.layer.kernel.shape)  # (*k, out, in)
+    return math.prod(call.inputs[0].shape) * math.prod(kernel[:-1])
+
+
+def depthwise_macs(call: CallRecord, out_shape: tuple[int, ...]) -> int:
+    """Depthwise conv: ``elements(out) x k_h x k_w`` (one filter per channel)."""
+    kernel = tuple(call.layer.depthwise_kernel.shape if hasattr(call.layer, "depthwise_kernel")
+                   else call.layer.kernel.shape)
+    return math.prod(out_shape) * math.prod(kernel[:-2])
+
+
+#: TensorFlow's CPU convolution-gradient kernels size their im2col buffer to
+#: fill a 30 MiB "L3 cache" working set (conv_grad_{filter,input}_ops.cc).
+_TARGET_WORKING_SET_BYTES = 30 << 20
+
+
+def conv_backward_workspace(call: CallRecord, itemsize: int = 4) -> tuple[int, int]:
+    """Temporary bytes of (filter gradient, input gradient) on the CPU.
+
+    Each gradient kernel processes ``shard = ceil(30 MiB / (A + B + C))`` images
+    at once through a column buffer of ``shard x A`` elements, where
+    ``A = out_h*out_w x k_h*k_w*in``, ``B = out_h*out_w x out`` and
+    ``C = k_h*k_w*in x out``. A 1x1, stride-1 kernel is a plain matmul with no
+    buffer.
+    """
+    layer = call.layer
+    kernel = tuple(layer.kernel.shape)
+    strides = tuple(getattr(layer, "strides", (1,)) or (1,))
+    out = call.outputs[0].shape
+    fmt = getattr(layer, "data_format", "channels_last")
+    spatial = out[2:] if fmt == "channels_first" else out[1:-1]
+    if all(k == 1 for k in kernel[:-2]) and all(s == 1 for s in strides):
+        return 0, 0
+    image = math.prod(spatial)
+    filter_total = math.prod(kernel[:-1])
+    out_depth = kernel[-1]
+    a = image * filter_total
+    work = a + image * out_depth + filter_total * out_depth
+    shard = -(-(_TARGET_WORKING_SET_BYTES // itemsize) // work)
+    buf = shard * a * itemsize
+    return buf, buf
+
+
+def _finish(b: Builder, call: CallRecord, z: str) -> list[Prim]:
+    z = apply_activation(b, activation_name(getattr(call.layer, "activation", None)), z,
+                         call.outputs[0].nbytes)
+    return b.finish([z])
+
+
+@register(keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D)
+def conv(call: CallRecord) -> list[Prim]:
+    """Conv1D/2D/3D (also grouped, strided, dilated)."""
+    b = Builder(call)
+    z = linear_prims(b, "in0", weight_ref(call, "kernel"), weight_ref(call, "bias"),
+                     call.outputs[0].nbytes, conv_macs(call), compute_dtype(call), name="conv")
+    b.prims = [_with_workspace(p, call) if p.name == "conv" else p for p in b.prims]
+    return _finish(b, call, z)
+
+
+def _with_workspace(p: Prim, call: CallRecord) -> Prim:
+    """Each gradient kernel that runs adds its buffer; when both run they run
+    at once (two inter-op threads) and their buffers add up."""
+    filt, inp = conv_backward_workspace(call)
+    x, kernel = p.inputs[0], p.inputs[1]
+    return Prim(**{**p.__dict__, "workspace_for": ((x, inp), (kernel, filt))})
+
+
+@register(keras.layers.Conv1DTranspose, keras.layers.Conv2DTranspose,
+          keras.layers.Conv3DTranspose)
+def conv_transpose(call: CallRecord) -> list[Prim]:
+    """Conv*DTranspose: the gradient of a convolution, run forward."""
+    b = Builder(call)
+    z = linear_prims(b, "in0", weight_ref(call, "kernel"), weight_ref(call, "bias"),
+                     call.outputs[0].nbytes, conv_transpose_macs(call), compute_dtype(call),
+                     name="conv_transpose")
+    return _finish(b, call, z)
+
+
+@register(keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D)
+def depthwise(call: CallRecord) -> list[Prim]:
+    """DepthwiseConv: one k_h x k_w filter per input channel (times the depth
+    multiplier)."""
+    b = Builder(call)
+    z = linear_prims(b, "in0", weight_ref(call, "kernel"), weight_ref(call, "bias"),
+                     call.outputs[0].nbytes, depthwise_macs(call, call.outputs[0].shape),
+                     compute_dtype(call), name="depthwise_conv")
+    return _finish(b, call, z)
+
+
+@register(keras.layers.SeparableConv1D, keras.layers.SeparableConv2D)
+def separable(call: CallRecord) -> list[Prim]:
+    """SeparableConv: a depthwise conv (its output kept for the pointwise
+    gradient) then a 1x1 conv: MACs = depthwise + elements(out) x in x multiplier."""
+    b = Builder(call)
+    layer = call.layer
+    dtype = compute_dtype(call)
+    out = call.outputs[0]
+    dk = tuple(layer.depthwise_kernel.shape)  # (*k, in, multiplier)
+    mid_channels = dk[-2] * dk[-1]
+    fmt = getattr(layer, "data_format", "channels_last")
+    out_channels = _channels(out.shape, fmt)
+    mid_elements = math.prod(out.shape) // out_channels * mid_channels
+    mid_bytes = out.nbytes // out_channels * mid_channels
+    dw = read_weight(b, weight_ref(call, "depthwise_kernel"), dtype)
+    mid = b.add1("depthwise_conv", ["in0", dw], mid_bytes,
+                 save_for={"in0": (dw,), dw: ("in0",)},
+                 macs=mid_elements * math.prod(dk[:-2]))
+    z = linear_prims(b, mid, weight_ref(call, "pointwise_kernel"), weight_ref(call, "bias"),
+                     out.nbytes, math.prod(out.shape) * mid_channels, dtype,
+                     name="pointwise_conv")
+    return _finish(b, call, z)

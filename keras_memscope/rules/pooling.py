@@ -1,0 +1,64 @@
+"""Pooling rules. Max pooling's gradient (MaxPoolGrad) reads the input and the
+output; average pooling's needs only the input shape."""
+
+from __future__ import annotations
+
+import math
+
+import keras
+
+from ..graph import CallRecord
+from ..ir import Prim
+from . import register
+from .base import OUT, Builder
+
+_MAX = (keras.layers.MaxPooling1D, keras.layers.MaxPooling2D, keras.layers.MaxPooling3D)
+_AVG = (keras.layers.AveragePooling1D, keras.layers.AveragePooling2D,
+        keras.layers.AveragePooling3D)
+_GMAX = (keras.layers.GlobalMaxPooling1D, keras.layers.GlobalMaxPooling2D,
+         keras.layers.GlobalMaxPooling3D)
+_GAVG = (keras.layers.GlobalAveragePooling1D, keras.layers.GlobalAveragePooling2D,
+         keras.layers.GlobalAveragePooling3D)
+
+
+def _window(call: CallRecord) -> int:
+    pool = getattr(call.layer, "pool_size", None) or (1,)
+    return math.prod(pool)
+
+
+@register(*_MAX)
+def max_pool(call: CallRecord) -> list[Prim]:
+    """MaxPooling: keeps input and output; MACs-equivalent: one compare per
+    window element of every output."""
+    b = Builder(call)
+    z = b.add1("max_pool", ["in0"], call.outputs[0].nbytes, save_for={"in0": ("in0", OUT)},
+               macs=math.prod(call.outputs[0].shape) * _window(call))
+    return b.finish([z])
+
+
+@register(*_AVG)
+def avg_pool(call: CallRecord) -> list[Prim]:
+    """AveragePooling: keeps nothing; one add per window element."""
+    b = Builder(call)
+    z = b.add1("avg_pool", ["in0"], call.outputs[0].nbytes,
+               macs=math.prod(call.outputs[0].shape) * _window(call))
+    return b.finish([z])
+
+
+@register(*_GMAX)
+def global_max_pool(call: CallRecord) -> list[Prim]:
+    """GlobalMaxPooling: ``reduce_max``, whose gradient reads input and output."""
+    b = Builder(call)
+    z = b.add1("reduce_max", ["in0"], call.outputs[0].nbytes,
+               save_for={"in0": ("in0", OUT)}, macs=math.prod(call.inputs[0].shape),
+               backward_workspace_bytes=call.inputs[0].nbytes)
+    return b.finish([z])
+
+
+@register(*_GAVG)
+def global_avg_pool(call: CallRecord) -> list[Prim]:
+    """GlobalAveragePooling: ``reduce_mean``; its gradient broadcasts back."""
+    b = Builder(call)
+    z = b.add1("reduce_mean", ["in0"], call.outputs[0].nbytes,
+               macs=math.prod(call.inputs[0].shape))
+    return b.finish([z])

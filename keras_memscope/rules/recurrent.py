@@ -1,0 +1,194 @@
+"""Recurrent rules for Keras' TensorFlow loop (``tf.while_loop`` over time).
+
+Without cuDNN, Keras runs the cell once per timestep inside a while loop, and
+TensorFlow keeps, for every timestep, each tensor the cell's gradient needs:
+
+* SimpleRNN: the new state ``h_t`` (tanh keeps its output): 1 x units;
+* LSTM: ``h_t``, ``c_t``, the gates ``i, f, o``, the candidate ``g`` and
+  ``tanh(c_t)``: 7 x units;
+* GRU (reset_after): ``h_t``, ``z``, ``r``, the recurrent candidate part,
+  ``hh`` and ``1 - z``: 6 x units;
+
+plus the time-major copy of the input (the kernel gradient reads every x_t).
+The backward loop holds one step's partial weight gradients beside the
+accumulated ones.
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+
+from ..graph import CallRecord, TensorInfo
+from ..ir import Prim
+from . import current_rules, register
+from .base import Builder, weight_ref
+from .core import fallback
+
+_PER_STEP_STATE = {
+    keras.layers.SimpleRNN: 1,
+    keras.layers.LSTM: 7,
+    keras.layers.GRU: 6,
+}
+_GATES = {keras.layers.SimpleRNN: 1, keras.layers.LSTM: 4, keras.layers.GRU: 3}
+
+
+def _kind(layer: object) -> type | None:
+    for cls in type(layer).__mro__:
+        if cls in _PER_STEP_STATE:
+            return cls
+    return None
+
+
+@register(keras.layers.SimpleRNN, keras.layers.LSTM, keras.layers.GRU)
+def recurrent(call: CallRecord) -> list[Prim]:
+    """SimpleRNN, LSTM and GRU on the TensorFlow loop; MACs per step
+    ``batch x (input_dim + units) x gates x units``."""
+    kind = _kind(call.layer)
+    if kind is None or len(call.inputs[0].shape) != 3:
+        return fallback(call)
+    b = Builder(call)
+    x = call.inputs[0]
+    batch, steps, features = x.shape
+    units = int(call.layer.units)
+    itemsize = x.nbytes // max(math.prod(x.shape), 1)
+    gates = _GATES[kind]
+    state_bytes = steps * batch * units * _PER_STEP_STATE[kind] * itemsize
+    seq_bytes = steps * batch * units * itemsize
+    kernel = weight_ref(call, "kernel")
+    recurrent_kernel = weight_ref(call, "recurrent_kernel")
+    bias = weight_ref(call, "bias")
+    params = [r for r in (kernel, recurrent_kernel, bias) if r]
+    step_bytes = batch * (features + (gates + 4) * units) * itemsize
+    kernel_bytes = (features + units) * gates * units * itemsize
+    xt = b.add1("to_time_major", ["in0"], x.nbytes)
+    seq, state = b.add(
+        "recurrence",
+        [xt, *params],
+        [seq_bytes, state_bytes],
+        save=[xt],
+        macs=steps * batch * (features + units) * gates * units,
+        forward_workspace_bytes=2 * batch * gates * units * itemsize,
+        backward_workspace_bytes=kernel_bytes + step_bytes,
+    )
+    # the per-step state is only read by the gradient
+    p = b.prims[-1]
+    b.prims[-1] = Prim(**{**p.__dict__, "save": (xt, state)})
+    outs = []
+    if getattr(call.layer, "return_sequences", False):
+        outs.append(b.add1("to_batch_major", [seq], call.outputs[0].nbytes))
+    else:
+        outs.append(b.add1("last_step", [seq], call.outputs[0].nbytes))
+    for extra in call.outputs[1:]:  # return_state
+        outs.append(b.add1("state", [seq], extra.nbytes))
+    return b.finish(outs)
+
+
+def _sub_call(call: CallRecord, layer: object, inputs: tuple[TensorInfo, ...],
+              outputs: tuple[TensorInfo, ...]) -> CallRecord:
+    own = {id(v) for v in layer.weights}  # type: ignore[attr-defined]
+    weights = tuple(w for w in call.weights if w.key in own)
+    renamed = []
+    names = {id(v): v.name for v in layer.weights}  # type: ignore[attr-defined]
+    for w in weights:
+        renamed.append(type(w)(w.key, names[w.key], w.nbytes, w.trainable, w.dtype))
+    return CallRecord(call.index, call.name, layer, type(layer).__name__, inputs, outputs,
+                      {}, tuple(renamed))
+
+
+def _prefixed(prims: list[Prim], prefix: str, mapping: dict[str, str],
+              weight_names: dict[str, str]) -> list[Prim]:
+    def r(x: str) -> str:
+        if x in mapping:
+            return mapping[x]
+        if x.startswith("w:"):
+            return weight_names.get(x, x)
+        return prefix + x
+
+    out = []
+    for p in prims:
+        out.append(Prim(
+            name=prefix + p.name, inputs=tuple(map(r, p.inputs)),
+            outputs=tuple((r(x), n) for x, n in p.outputs), save=tuple(map(r, p.save)),
+            save_for=tuple((r(k), tuple(map(r, v))) for k, v in p.save_for),
+            differentiable=None if p.differentiable is None else tuple(map(r, p.differentiable)),
+            inplace=tuple(map(r, p.inplace)), alias=p.alias,
+            forward_workspace_bytes=p.forward_workspace_bytes,
+            backward_workspace_bytes=p.backward_workspace_bytes,
+            workspace_for=tuple((r(k), v) for k, v in p.workspace_for),
+            grad_inplace=p.grad_inplace, macs=p.macs))
+    return out
+
+
+def inline(call: CallRecord, sub: CallRecord, prefix: str, inputs: list[str],
+           outputs: list[str]) -> list[Prim]:
+    """The prims of ``sub`` (another layer's call) with references mapped into
+    ``call``: its inputs/outputs to the given references, its weights to the
+    outer call's weight names."""
+    found = current_rules().lookup(sub.layer)
+    rule = found[0] if found else fallback
+    prims = rule(sub)
+    mapping = {f"in{i}": ref for i, ref in enumerate(inputs)}
+    mapping.update({f"out{i}": ref for i, ref in enumerate(outputs)})
+    outer = {w.key: w.name for w in call.weights}
+    weight_names = {f"w:{w.name}": f"w:{outer[w.key]}" for w in sub.weights}
+    return _prefixed(prims, prefix, mapping, weight_names)
+
+
+@register(keras.layers.Bidirectional)
+def bidirectional(call: CallRecord) -> list[Prim]:
+    """Bidirectional: the forward layer, the backward layer on a reversed copy of
+    the input (its output reversed back), then the merge (a concatenation or
+    an element-wise op)."""
+    layer = call.layer
+    x = call.inputs[0]
+    out = call.outputs[0]
+    mode = getattr(layer, "merge_mode", "concat")
+    half_shape = out.shape[:-1] + (out.shape[-1] // 2,) if mode == "concat" else out.shape
+    half = TensorInfo(-1, half_shape, out.dtype)
+    b = Builder(call)
+    prims: list[Prim] = []
+    fwd = _sub_call(call, layer.forward_layer, (x,), (half,))
+    bwd = _sub_call(call, layer.backward_layer, (x,), (half,))
+    prims += inline(call, fwd, "fwd/", ["in0"], ["fwd.out"])
+    prims += inline(call, bwd, "bwd/", ["in0"], ["bwd.out"])
+    b.prims = prims
+    # the sub-layers' outputs were named by the mapping: declare their sizes
+    b.prims = [_resize(p, {"fwd.out": half.nbytes, "bwd.out": half.nbytes}) for p in b.prims]
+    rev = b.add1("reverse", ["bwd.out"], half.nbytes)
+    if mode is None:
+        return b.finish(["fwd.out", rev])
+    if mode == "concat":
+        z = b.add1("concat", ["fwd.out", rev], out.nbytes)
+    elif mode == "mul":
+        z = b.add1("mul", ["fwd.out", rev], out.nbytes,
+                   save_for={"fwd.out": (rev,), rev: ("fwd.out",)})
+    else:
+        z = b.add1(str(mode), ["fwd.out", rev], out.nbytes, inplace=["fwd.out", rev],
+                   grad_inplace=True)
+    return b.finish([z])
+
+
+def _resize(p: Prim, sizes: dict[str, int]) -> Prim:
+    if not any(r in sizes for r, _ in p.outputs):
+        return p
+    outs = tuple((r, sizes.get(r, n)) for r, n in p.outputs)
+    return Prim(**{**p.__dict__, "outputs": outs})
+
+
+@register(keras.layers.TimeDistributed)
+def time_distributed(call: CallRecord) -> list[Prim]:
+    """TimeDistributed: the inner layer on ``batch x time`` samples (reshapes are
+    views)."""
+    inner = call.layer.layer
+    x, out = call.inputs[0], call.outputs[0]
+    merged_in = TensorInfo(-1, (x.shape[0] * x.shape[1],) + x.shape[2:], x.dtype)
+    merged_out = TensorInfo(-1, (out.shape[0] * out.shape[1],) + out.shape[2:], out.dtype)
+    sub = _sub_call(call, inner, (merged_in,), (merged_out,))
+    b = Builder(call)
+    b.prims = inline(call, sub, "inner/", ["in0"], ["inner.out"])
+    b.prims = [_resize(p, {"inner.out": out.nbytes}) for p in b.prims]
+    if not any(r == "inner.out" for p in b.prims for r, _ in p.outputs):
+        return b.finish(["in0"])
+    return b.finish(["inner.out"])

@@ -1,0 +1,469 @@
+"""One training step as allocations and frees: liveness and the peak.
+
+The simulator runs the prims of every layer call in forward order, a loss, then
+the gradients in reverse order and the optimizer updates, keeping each tensor
+alive exactly as long as something still needs it:
+
+* a forward tensor lives until its last consumer has run, or until the
+  backward pass of every op that saved it;
+* an element-wise op takes over its input's buffer when nothing else holds it
+  (TensorFlow's buffer forwarding), a reshape is a view;
+* the gradient of a tensor read by several ops is summed once all parts exist;
+* a weight's gradient lives until the optimizer has applied it; updates run
+  ``update_lag`` gradients behind the backward pass (the executor runs them
+  beside the next layer's gradient), each with its own temporaries.
+
+Every allocation is rounded up to the allocator granule. The result is the
+peak of live bytes, what is alive at that moment, and a timeline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import defaultdict, deque
+from collections.abc import Callable, Sequence
+
+from .allocator import BFCModel, ExactModel
+from .allocator import make as make_allocator
+from .ir import LayerOp, Prim
+from .records import Holder, TimelinePoint
+from .units import round_up
+
+_OUT_REF = re.compile(r"^out\d+$")
+
+PERSISTENT = "persistent"
+ACTIVATION = "activation"
+GRADIENT = "gradient"
+WORKSPACE = "workspace"
+UPDATE = "optimizer update"
+
+
+@dataclasses.dataclass(frozen=True)
+class LossSpec:
+    """What the loss keeps per model output: bytes saved for its gradient."""
+
+    saved_bytes: int
+    workspace_bytes: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    """What the simulation found (bytes above ``baseline_bytes`` unless said)."""
+
+    baseline_bytes: int
+    peak_bytes: int  # what the allocator counts at the peak, persistent included
+    peak_phase: str
+    activations_bytes: int
+    gradients_bytes: int
+    workspace_bytes: int
+    allocator_bytes: int
+    saved_activations_bytes: int
+    layer_saved_bytes: dict[int, int]
+    layer_workspace_bytes: dict[int, int]
+    timeline: tuple[TimelinePoint, ...]
+    holders: tuple[Holder, ...]
+
+
+@dataclasses.dataclass
+class _Buffer:
+    nbytes: int
+    layer: str
+    kind: str
+    live_tensors: int = 0
+
+
+@dataclasses.dataclass
+class _Flat:
+    op: LayerOp
+    prim: Prim
+    ins: tuple[int, ...]
+    outs: tuple[int, ...]
+    grad_ins: tuple[int, ...]
+    needs_backward: bool = False
+    saved: tuple[int, ...] = ()
+    input_grads: tuple[int, ...] = ()
+
+
+class _Simulator:
+    """Live buffers on top of an allocator model; records the peak."""
+
+    def __init__(self, allocator: ExactModel | BFCModel) -> None:
+        self.allocator = allocator
+        self.peak = 0
+        self.peak_phase = "forward"
+        self.peak_snapshot: dict[tuple[str, str], int] = {}
+        self.buffers: dict[int, _Buffer] = {}
+        self.handles: dict[int, int] = {}
+        self.next_buffer = 0
+        self.timeline: list[TimelinePoint] = []
+        self.recording = False
+        self.event_high = 0
+
+    @property
+    def live(self) -> int:
+        return self.allocator.in_use
+
+    def alloc(self, nbytes: int, layer: str, kind: str) -> int:
+        handle, _ = self.allocator.alloc(nbytes)
+        bid = self.next_buffer
+        self.next_buffer += 1
+        self.buffers[bid] = _Buffer(round_up(nbytes), layer, kind)
+        self.handles[bid] = handle
+        return bid
+
+    def free(self, bid: int) -> None:
+        buf = self.buffers.pop(bid, None)
+        if buf is not None:
+            self.allocator.free(self.handles.pop(bid))
+
+    def check(self, phase: str) -> None:
+        self.event_high = max(self.event_high, self.live)
+        if self.recording and self.live > self.peak:
+            self.peak = self.live
+            self.peak_phase = phase
+            snap: dict[tuple[str, str], int] = defaultdict(int)
+            for buf in self.buffers.values():
+                snap[(buf.layer, buf.kind)] += buf.nbytes
+            self.peak_snapshot = dict(snap)
+
+    def point(self, phase: str, layer: str, event: str) -> None:
+        if self.recording:
+            self.timeline.append(TimelinePoint(
+                len(self.timeline), phase, layer, event, self.live,
+                max(self.event_high, self.live)))
+        self.event_high = self.live
+
+
+def simulate(
+    ops: Sequence[LayerOp],
+    *,
+    model_inputs: Sequence[int],
+    model_outputs: Sequence[int],
+    losses: Sequence[LossSpec],
+    update_workspace: Callable[[int], int],
+    persistent: Sequence[tuple[str, int]],
+    update_lag: int = 1,
+    allocator: str = "bfc",
+    granule: int = 256,
+) -> StepResult:
+    """Simulate a warm-up step and a measured step; see the module docstring.
+
+    ``persistent`` lists ``(kind, bytes)`` allocations held across steps, in
+    the order they are made (weights, the batch, optimizer slots).
+    """
+    flats, tensor_bytes, weight_of = _flatten(ops)
+    weight_trainable = {w.key: w.trainable for op in ops for w in op.weights}
+    weight_layer: dict[int, str] = {}
+    for op in ops:
+        for w in op.weights:
+            weight_layer.setdefault(w.key, op.name)
+    # Model inputs and weights are held outside the step: never allocated here.
+    external = set(model_inputs) | set(weight_of)
+    for t in model_inputs:
+        tensor_bytes.setdefault(t, 0)
+
+    # Which tensors depend on trainable weights, and which lead to the loss.
+    requires_grad: dict[int, bool] = defaultdict(bool)
+    for t, key in weight_of.items():
+        requires_grad[t] = weight_trainable[key]
+    for f in flats:
+        rg = any(requires_grad[t] for t in f.grad_ins)
+        for t in f.outs:
+            requires_grad[t] = requires_grad[t] or rg
+    leads_to_loss: dict[int, bool] = defaultdict(bool)
+    for t in model_outputs:
+        leads_to_loss[t] = True
+    for f in reversed(flats):
+        if any(leads_to_loss[t] for t in f.outs):
+            for t in f.grad_ins:
+                leads_to_loss[t] = True
+
+    holders0: dict[int, int] = defaultdict(int)
+    grad_pending0: dict[int, int] = defaultdict(int)
+    for f in flats:
+        wants = tuple(dict.fromkeys(t for t in f.grad_ins if requires_grad[t]))
+        f.needs_backward = bool(wants) and any(leads_to_loss[t] for t in f.outs)
+        if f.needs_backward:
+            f.saved = _resolve_saves(f, wants)
+            f.input_grads = wants
+            for t in wants:
+                grad_pending0[t] += 1
+        for t in f.ins:
+            holders0[t] += 1
+        for t in f.saved:
+            holders0[t] += 1
+    for t in model_inputs:
+        holders0[t] += 1  # the caller holds its batch
+    for t in model_outputs:
+        holders0[t] += 1  # the loss reads each output
+
+    sim = _Simulator(make_allocator(allocator))
+    for kind, nbytes in persistent:
+        sim.alloc(nbytes, kind, PERSISTENT)
+    baseline = sum(round_up(n) for _, n in persistent)
+    layer_saved: dict[int, int] = defaultdict(int)
+    layer_workspace: dict[int, int] = defaultdict(int)
+    saved_total = 0
+
+    def run_step() -> None:
+        nonlocal saved_total
+        holders: dict[int, int] = defaultdict(int, holders0)
+        grad_pending: dict[int, int] = defaultdict(int, grad_pending0)
+        buffer_of: dict[int, int] = {}
+        layer_saved.clear()
+        layer_workspace.clear()
+
+        def attach(t: int, bid: int) -> None:
+            buffer_of[t] = bid
+            sim.buffers[bid].live_tensors += 1
+
+        def release(t: int) -> None:
+            holders[t] -= 1
+            if holders[t] == 0 and t in buffer_of:
+                bid = buffer_of.pop(t)
+                buf = sim.buffers.get(bid)
+                if buf is not None:
+                    buf.live_tensors -= 1
+                    if buf.live_tensors == 0:
+                        sim.free(bid)
+
+        # Forward pass.
+        for f in flats:
+            op, p = f.op, f.prim
+            for i, (t, nbytes) in enumerate(zip(f.outs, (b for _, b in p.outputs))):
+                if i == 0 and p.alias and f.ins and f.ins[0] in buffer_of:
+                    attach(t, buffer_of[f.ins[0]])
+                    continue
+                if i == 0 and p.inplace:
+                    taken = False
+                    for ref in p.inplace:
+                        src = f.ins[p.inputs.index(ref)]
+                        bid = buffer_of.get(src)
+                        if (
+                            bid is not None
+                            and src not in external
+                            and holders[src] == 1
+                            and sim.buffers[bid].live_tensors == 1
+                            and sim.buffers[bid].nbytes == round_up(nbytes, granule)
+                        ):
+                            sim.buffers[bid].layer = op.name
+                            sim.buffers[bid].kind = ACTIVATION
+                            attach(t, bid)
+                            taken = True
+                            break
+                    if taken:
+                        continue
+                attach(t, sim.alloc(nbytes, op.name, ACTIVATION))
+            sim.check("forward")
+            if p.forward_workspace_bytes:
+                ws = sim.alloc(p.forward_workspace_bytes, op.name, WORKSPACE)
+                layer_workspace[op.index] = max(
+                    layer_workspace[op.index], sim.buffers[ws].nbytes
+                )
+                sim.check("forward")
+                sim.free(ws)
+            for t in f.ins:
+                release(t)
+            for t in f.outs:
+                if holders[t] == 0:
+                    holders[t] = 1
+                    release(t)
+            sim.point("forward", op.name, p.name)
+
+        index_of = {op.name: op.index for op in ops}
+        for buf in sim.buffers.values():
+            if buf.kind == ACTIVATION and buf.layer in index_of:
+                layer_saved[index_of[buf.layer]] += buf.nbytes
+        saved_total = sum(
+            b.nbytes for b in sim.buffers.values() if b.kind == ACTIVATION
+        )
+
+        # Loss: each output's loss keeps a tensor of its size for the gradient,
+        # which becomes the output's gradient when the backward pass starts.
+        grad_of: dict[int, int] = {}
+        loss_buffers = []
+        for t, spec in zip(model_outputs, losses):
+            bid = sim.alloc(spec.saved_bytes, "loss", ACTIVATION)
+            loss_buffers.append(bid)
+            if spec.workspace_bytes:
+                ws = sim.alloc(spec.workspace_bytes, "loss", WORKSPACE)
+                sim.check("loss")
+                sim.free(ws)
+            sim.check("loss")
+            release(t)
+            sim.point("loss", "loss", "loss")
+        for t, bid in zip(model_outputs, loss_buffers):
+            sim.buffers[bid].kind = GRADIENT
+            grad_of[t] = bid
+
+        # Backward pass and optimizer updates.
+        partial: dict[int, list[int]] = defaultdict(list)
+        queue: deque[tuple[int, int]] = deque()
+
+        def run_update(key: int, bid: int) -> None:
+            ws_bytes = update_workspace(sim.buffers[bid].nbytes)
+            ws = sim.alloc(ws_bytes, weight_layer[key], UPDATE) if ws_bytes else None
+            sim.check("update")
+            if ws is not None:
+                sim.free(ws)
+            sim.free(bid)
+            sim.point("update", weight_layer[key], "apply gradient")
+
+        for f in reversed(flats):
+            if not f.needs_backward:
+                continue
+            op, p = f.op, f.prim
+            out_grads = [grad_of.pop(t) for t in f.outs if t in grad_of]
+            reusable = list(out_grads) if p.grad_inplace else []
+            for t in f.input_grads:
+                nbytes = round_up(tensor_bytes[t], granule)
+                bid = next((b for b in reusable if sim.buffers[b].nbytes == nbytes), None)
+                if bid is not None:
+                    reusable.remove(bid)
+                    out_grads.remove(bid)
+                    sim.buffers[bid].layer = op.name
+                else:
+                    bid = sim.alloc(tensor_bytes[t], op.name, GRADIENT)
+                partial[t].append(bid)
+            sim.check("backward")
+            # a gradient kernel's temporaries live beside the gradients it writes
+            ws_bytes = p.backward_workspace_bytes + sum(
+                n for ref, n in p.workspace_for
+                if ref in p.inputs and f.ins[p.inputs.index(ref)] in f.input_grads)
+            if ws_bytes:
+                ws = sim.alloc(ws_bytes, op.name, WORKSPACE)
+                layer_workspace[op.index] = max(
+                    layer_workspace[op.index], sim.buffers[ws].nbytes
+                )
+                sim.check("backward")
+                sim.free(ws)
+            for bid in out_grads:
+                sim.free(bid)
+            for t in f.saved:
+                release(t)
+            for t in f.input_grads:
+                grad_pending[t] -= 1
+                if grad_pending[t] == 0:
+                    parts = partial.pop(t)
+                    for extra in parts[1:]:
+                        sim.free(extra)  # summed into the first part in place
+                    if t in weight_of:
+                        queue.append((weight_of[t], parts[0]))
+                        while len(queue) > update_lag:
+                            run_update(*queue.popleft())
+                    elif t in external:
+                        sim.free(parts[0])
+                    else:
+                        grad_of[t] = parts[0]
+            sim.point("backward", op.name, p.name)
+        while queue:
+            run_update(*queue.popleft())
+
+
+    run_step()  # warm-up: the allocator grows its regions
+    sim.allocator.reset_peak()
+    sim.recording = True
+    sim.peak = 0
+    run_step()
+    snap = sim.peak_snapshot
+    by_kind: dict[str, int] = defaultdict(int)
+    for (_, kind), nbytes in snap.items():
+        by_kind[kind] += nbytes
+    holders_at_peak = tuple(
+        Holder(layer, kind, nbytes)
+        for (layer, kind), nbytes in sorted(snap.items(), key=lambda kv: -kv[1])
+        if kind != PERSISTENT
+    )
+    transient = by_kind[ACTIVATION] + by_kind[GRADIENT] + by_kind[WORKSPACE] + by_kind[UPDATE]
+    return StepResult(
+        baseline_bytes=baseline,
+        peak_bytes=sim.peak,
+        peak_phase=sim.peak_phase,
+        activations_bytes=by_kind[ACTIVATION],
+        gradients_bytes=by_kind[GRADIENT],
+        workspace_bytes=by_kind[WORKSPACE] + by_kind[UPDATE],
+        allocator_bytes=max(0, sim.peak - baseline - transient),
+        saved_activations_bytes=saved_total,
+        layer_saved_bytes=dict(layer_saved),
+        layer_workspace_bytes=dict(layer_workspace),
+        timeline=tuple(sim.timeline),
+        holders=holders_at_peak,
+    )
+
+
+def _resolve_saves(f: _Flat, wants: tuple[int, ...]) -> tuple[int, ...]:
+    """Global ids of what this prim's backward needs, given the wanted grads."""
+    p = f.prim
+    local = dict(zip(p.inputs, f.ins))
+    local.update(zip((r for r, _ in p.outputs), f.outs))
+    refs = list(p.save)
+    wanted = set(wants)
+    for ref, needs in p.save_for:
+        if local.get(ref) in wanted:
+            refs += needs
+    ids = []
+    for ref in dict.fromkeys(refs):
+        if ref not in local:
+            raise ValueError(
+                f"rule for {f.op.class_name} saves {ref!r}, which prim "
+                f"{p.name!r} neither reads nor writes"
+            )
+        if local[ref] not in ids:
+            ids.append(local[ref])
+    return tuple(ids)
+
+
+def _flatten(
+    ops: Sequence[LayerOp],
+) -> tuple[list[_Flat], dict[int, int], dict[int, int]]:
+    """Give every local reference a global tensor id.
+
+    Returns the flat prims, each tensor's bytes, and the weight key of each
+    tensor that stands for a weight.
+    """
+    next_id = 1 + max(
+        [t for op in ops for t in (*op.inputs, *op.outputs)], default=0
+    )
+    tensor_bytes: dict[int, int] = {}
+    weight_tensor: dict[int, int] = {}  # weight key -> tensor id
+    flats: list[_Flat] = []
+    for op in ops:
+        refs: dict[str, int] = {f"in{i}": t for i, t in enumerate(op.inputs)}
+        refs.update({f"out{i}": t for i, t in enumerate(op.outputs)})
+        for w in op.weights:
+            if w.key not in weight_tensor:
+                weight_tensor[w.key] = next_id
+                tensor_bytes[next_id] = w.nbytes
+                next_id += 1
+            refs[f"w:{w.name}"] = weight_tensor[w.key]
+        for t, nbytes in zip(op.outputs, op.output_bytes):
+            tensor_bytes[t] = nbytes
+        for p in op.prims:
+            ins = []
+            for ref in p.inputs:
+                if ref not in refs:
+                    raise ValueError(
+                        f"rule for {op.class_name} reads {ref!r} before any prim "
+                        f"writes it (prim {p.name!r}); known: {sorted(refs)}"
+                    )
+                ins.append(refs[ref])
+            outs = []
+            for ref, nbytes in p.outputs:
+                if not _OUT_REF.match(ref):
+                    refs[ref] = next_id
+                    next_id += 1
+                elif ref not in refs:
+                    raise ValueError(
+                        f"rule for {op.class_name} writes {ref!r} but the call "
+                        f"has {len(op.outputs)} output(s)"
+                    )
+                t = refs[ref]
+                tensor_bytes[t] = nbytes
+                outs.append(t)
+            grad_ins = tuple(refs[r] for r in p.grad_inputs())
+            flats.append(
+                _Flat(op=op, prim=p, ins=tuple(ins), outs=tuple(outs), grad_ins=grad_ins)
+            )
+    weight_of = {t: key for key, t in weight_tensor.items()}
+    return flats, tensor_bytes, weight_of

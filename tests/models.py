@@ -1,0 +1,136 @@
+"""Small edge-case models for the tests (the zoo)."""
+
+from __future__ import annotations
+
+import keras
+from keras import layers
+
+
+def seed_mlp() -> keras.Model:
+    """The classic question's MLP: 1000 -> 4 x Dense(100) -> Dense(10)."""
+    return keras.Sequential(
+        [keras.Input((1000,))]
+        + [layers.Dense(100, activation="relu") for _ in range(4)]
+        + [layers.Dense(10, activation="softmax")],
+        name="seed_mlp",
+    )
+
+
+def shared_layer() -> keras.Model:
+    """One Dense layer applied to two inputs (shared weights)."""
+    a, b = keras.Input((16,)), keras.Input((16,))
+    shared = layers.Dense(8, activation="relu")
+    out = layers.Dense(1)(layers.Concatenate()([shared(a), shared(b)]))
+    return keras.Model([a, b], out, name="shared_layer")
+
+
+def nested() -> keras.Model:
+    """A Functional model used as a layer inside another."""
+    inner_in = keras.Input((12,))
+    inner = keras.Model(inner_in, layers.Dense(6, activation="tanh")(inner_in), name="tower")
+    x = keras.Input((12,))
+    y = layers.Dense(3)(inner(x))
+    return keras.Model(x, y, name="nested")
+
+
+@keras.saving.register_keras_serializable(package="memscope_tests")
+class Subclassed(keras.Model):
+    """A subclassed model with a raw residual add in its call."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.d1 = layers.Dense(32, activation="relu")
+        self.d2 = layers.Dense(32)
+        self.out = layers.Dense(4)
+
+    def call(self, x):
+        h = self.d1(x)
+        return self.out(h + self.d2(h))
+
+
+def subclassed() -> keras.Model:
+    import numpy as np
+
+    m = Subclassed(name="subclassed")
+    m(np.zeros((1, 32), dtype="float32"))  # builds every sub-layer
+    return m
+
+
+def multi_io() -> keras.Model:
+    """Two inputs, two outputs, a raw keras.ops node."""
+    img = keras.Input((8, 8, 3), name="img")
+    meta = keras.Input((5,), name="meta")
+    x = layers.Conv2D(4, 3, activation="relu")(img)
+    x = layers.GlobalAveragePooling2D()(x)
+    m = layers.Dense(4)(meta)
+    joined = keras.ops.multiply(x, m)
+    return keras.Model([img, meta], [layers.Dense(3, name="cls")(joined),
+                                     layers.Dense(1, name="reg")(joined)], name="multi_io")
+
+
+def small_cnn() -> keras.Model:
+    return keras.Sequential([
+        keras.Input((16, 16, 3)),
+        layers.Conv2D(8, 3, activation="relu"),
+        layers.BatchNormalization(),
+        layers.MaxPooling2D(),
+        layers.Flatten(),
+        layers.Dropout(0.3),
+        layers.Dense(10),
+    ], name="small_cnn")
+
+
+def frozen_backbone() -> keras.Model:
+    backbone = keras.Sequential([keras.Input((16, 16, 3)), layers.Conv2D(8, 3, activation="relu"),
+                                 layers.BatchNormalization(), layers.Conv2D(8, 3)],
+                                name="backbone")
+    backbone.trainable = False
+    x = keras.Input((16, 16, 3))
+    y = layers.Dense(2)(layers.GlobalAveragePooling2D()(backbone(x)))
+    return keras.Model(x, y, name="frozen")
+
+
+@keras.saving.register_keras_serializable(package="memscope_tests")
+class Scale(keras.layers.Layer):
+    """A custom layer no rule knows, with one weight."""
+
+    def build(self, input_shape):
+        self.s = self.add_weight(shape=(input_shape[-1],), initializer="ones")
+
+    def call(self, x):
+        return x * self.s
+
+
+def custom_layer() -> keras.Model:
+    x = keras.Input((10,))
+    return keras.Model(x, layers.Dense(2)(Scale()(layers.Dense(10)(x))), name="custom")
+
+
+def text_models() -> list[keras.Model]:
+    seq = keras.Input((20,), dtype="int32")
+    e = layers.Embedding(100, 8)(seq)
+    lstm = keras.Model(seq, layers.Dense(2)(layers.LSTM(6)(e)), name="lstm_small")
+    seq2 = keras.Input((20,), dtype="int32")
+    e2 = layers.Embedding(100, 16)(seq2)
+    a = layers.MultiHeadAttention(2, 8)(e2, e2)
+    h = layers.LayerNormalization()(layers.Add()([e2, a]))
+    h = layers.Dense(32, activation="gelu")(h)
+    out = layers.Dense(2)(layers.GlobalAveragePooling1D()(h))
+    tr = keras.Model(seq2, out, name="transformer_small")
+    bi = keras.Sequential([keras.Input((10, 4)), layers.Bidirectional(layers.GRU(3)),
+                           layers.Dense(1)], name="bigru")
+    td = keras.Sequential([keras.Input((5, 6)), layers.TimeDistributed(layers.Dense(3)),
+                           layers.SimpleRNN(4), layers.Dense(1)], name="timedist")
+    return [lstm, tr, bi, td]
+
+
+ZOO = {
+    "seed_mlp": seed_mlp,
+    "shared_layer": shared_layer,
+    "nested": nested,
+    "subclassed": subclassed,
+    "multi_io": multi_io,
+    "small_cnn": small_cnn,
+    "frozen_backbone": frozen_backbone,
+    "custom_layer": custom_layer,
+}

@@ -1,0 +1,62 @@
+"""The BFC allocator model against TensorFlow's algorithm, derived by hand."""
+
+from keras_memscope.allocator import BFCModel, ExactModel
+
+MiB = 1 << 20
+
+
+def test_first_region_is_2_mib_and_small_requests_split_it():
+    a = BFCModel()
+    h, counted = a.alloc(1000)
+    assert counted == 1024  # rounded to 256 and split off the 2 MiB region
+    assert a.total_region_bytes == 2 * MiB
+    a.free(h)
+    assert a.in_use == 0
+
+
+def test_unsplit_chunk_counts_whole():
+    # 19.6 MB does not fit the 2 MiB region; the region size doubles to 32 MiB,
+    # which is less than twice the request, so the whole chunk is in use.
+    a = BFCModel()
+    a.alloc(100)
+    _, counted = a.alloc(19_663_488)
+    assert counted == 32 * MiB
+    assert a.total_region_bytes == 2 * MiB + 32 * MiB
+
+
+def test_regions_double_after_each_growth():
+    a = BFCModel()
+    a.alloc(2 * MiB)        # fills the first 2 MiB region exactly
+    a.alloc(1 * MiB)        # new region of 4 MiB (doubled), split
+    assert a.total_region_bytes == 6 * MiB
+    a.alloc(4 * MiB)        # 3 MiB left is too small: a new region of 8 MiB
+    assert a.total_region_bytes == 14 * MiB
+
+
+def test_free_chunks_coalesce():
+    a = BFCModel()
+    h1, _ = a.alloc(512 * 1024)
+    h2, _ = a.alloc(512 * 1024)
+    a.free(h1)
+    a.free(h2)
+    # the whole 2 MiB region is one free chunk again: a 2 MiB request fits it
+    _, counted = a.alloc(2 * MiB)
+    assert counted == 2 * MiB
+    assert a.total_region_bytes == 2 * MiB
+
+
+def test_peak_and_reset():
+    a = BFCModel()
+    h, _ = a.alloc(1 * MiB)
+    a.free(h)
+    assert a.peak == 1 * MiB
+    a.reset_peak()
+    assert a.peak == 0
+
+
+def test_exact_model_rounds_only():
+    a = ExactModel()
+    h, counted = a.alloc(1)
+    assert counted == 256
+    a.free(h)
+    assert a.in_use == 0 and a.peak == 256

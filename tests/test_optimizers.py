@@ -1,0 +1,74 @@
+"""Optimizer state equals the bytes of the real optimizer's variables."""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_memscope as memscope
+from keras_memscope.units import dtype_bytes, round_up
+
+
+def tiny_model():
+    return keras.Sequential([keras.Input((6,)), keras.layers.Dense(5), keras.layers.Dense(3)])
+
+
+def real_state_bytes(model, optimizer):
+    optimizer.build(model.trainable_variables)
+    return sum(round_up(int(np.prod(v.shape)) * dtype_bytes(keras.backend.standardize_dtype(
+        v.dtype))) for v in optimizer.variables)
+
+
+OPTIMIZERS = [
+    lambda: keras.optimizers.SGD(),
+    lambda: keras.optimizers.SGD(momentum=0.9),
+    lambda: keras.optimizers.SGD(momentum=0.9, nesterov=True),
+    lambda: keras.optimizers.Adam(),
+    lambda: keras.optimizers.Adam(amsgrad=True),
+    lambda: keras.optimizers.AdamW(),
+    lambda: keras.optimizers.Adamax(),
+    lambda: keras.optimizers.Adadelta(),
+    lambda: keras.optimizers.Adagrad(),
+    lambda: keras.optimizers.Ftrl(),
+    lambda: keras.optimizers.Lamb(),
+    lambda: keras.optimizers.Lion(),
+    lambda: keras.optimizers.Nadam(),
+    lambda: keras.optimizers.RMSprop(),
+    lambda: keras.optimizers.RMSprop(momentum=0.9, centered=True),
+    lambda: keras.optimizers.Adafactor(),
+    lambda: keras.optimizers.Adam(use_ema=True),
+    lambda: keras.optimizers.Adam(gradient_accumulation_steps=4),
+    lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()),
+]
+if hasattr(keras.optimizers, "Muon"):
+    OPTIMIZERS.append(lambda: keras.optimizers.Muon())
+
+
+@pytest.mark.parametrize("make", OPTIMIZERS)
+def test_state_matches_built_optimizer(make):
+    model = tiny_model()
+    est = memscope.estimate(model, batch_size=2, optimizer=make(), device="cpu")
+    assert est.optimizer_bytes == real_state_bytes(model, make())
+
+
+def test_adam_is_two_slots_per_variable():
+    model = tiny_model()
+    est = memscope.estimate(model, batch_size=2, optimizer="adam", device="cpu")
+    per_var = [round_up(4 * int(np.prod(v.shape))) for v in model.trainable_variables]
+    # two moments per variable, iterations (int64) and learning rate (float32)
+    assert est.optimizer_bytes == 2 * sum(per_var) + round_up(8) + round_up(4)
+
+
+def test_compiled_optimizer_is_used_and_user_optimizer_untouched():
+    model = tiny_model()
+    opt = keras.optimizers.SGD(momentum=0.9)
+    model.compile(optimizer=opt, loss="mse")
+    est = memscope.estimate(model, batch_size=2, device="cpu")
+    assert est.optimizer.startswith("SGD(momentum=0.9")
+    assert not opt.built  # the estimate built a copy, weightlessly
+
+
+def test_estimate_leaves_no_deferred_variables():
+    from keras.src.backend.common import global_state
+
+    memscope.estimate(tiny_model(), batch_size=2, optimizer="adam", device="cpu")
+    assert not global_state.get_global_attribute("uninitialized_variables")
