@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=3)
     parser.add_argument("--methods", nargs="*", default=["rules"])
     parser.add_argument("--json", type=Path, help="write the table as JSON here")
+    parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
     args = parser.parse_args(argv)
 
     import keras
@@ -136,7 +137,31 @@ def main(argv: list[str] | None = None) -> int:
               f"worst {max(errors):.1%} over {len(errors)} configurations")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
+    if args.markdown:
+        print()
+        print(markdown(rows, args.methods))
     return 0
+
+
+def markdown(rows: list[dict], methods: list[str]) -> str:
+    mib = 1024**2
+    head = ["model", "batch", "optimizer", "measured MiB (3 processes)", "step spread"]
+    for m in methods:
+        head += [f"{m} MiB", f"{m} error"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["model"], str(r["batch"]), r["optimizer"],
+                 f"{r['measured_min'] / mib:.1f} - {r['measured_max'] / mib:.1f}",
+                 f"{r['step_spread']:.0%}"]
+        for m in methods:
+            cells += [f"{r[m] / mib:.1f}", f"{r[f'{m}_error']:+.1%}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    for m in methods:
+        errors = [abs(r[f"{m}_error"]) for r in rows]
+        lines.append("")
+        lines.append(f"{m}: median |error| {statistics.median(errors):.1%}, "
+                     f"worst {max(errors):.1%} ({len(errors)} configurations)")
+    return "\n".join(lines)
 
 
 def _format_row(row: dict, methods: list[str]) -> str:

@@ -19,12 +19,14 @@ _LAZY = {
     "estimate": "keras_memscope.estimator",
     "summary": "keras_memscope.estimator",
     "measure": "keras_memscope.measure",
+    "MemScopeCallback": "keras_memscope.callback",
 }
 
 __all__ = [
     "DeviceProfile",
     "Holder",
     "LayerRecord",
+    "MemScopeCallback",
     "Measurement",
     "MemoryEstimate",
     "TimelinePoint",
