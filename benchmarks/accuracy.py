@@ -73,6 +73,21 @@ def measure_config(model: str, batch: int, opt: str, processes: int) -> dict:
     return {"runs": runs}
 
 
+def naive_bytes(est) -> int:
+    """The folklore formula: weights + gradients + optimizer state + the batch
+    + every layer's output, as if all were alive at once."""
+    outputs = 0
+    for r in est.layers:
+        for shape, dtype in zip(r.output_shapes, r.output_dtypes):
+            n = 1
+            for d in shape:
+                n *= d
+            outputs += n * (2 if dtype in ("float16", "bfloat16") else 4)
+    trainable_bytes = est.weights_bytes * est.trainable_params // max(est.params, 1)
+    return (est.weights_bytes + trainable_bytes + est.optimizer_bytes + est.input_bytes
+            + outputs)
+
+
 def estimate_config(model: str, batch: int, opt: str, method: str) -> tuple[int, float]:
     import keras
 
@@ -83,8 +98,10 @@ def estimate_config(model: str, batch: int, opt: str, method: str) -> tuple[int,
     keras.utils.clear_session()
     m = builder()
     t0 = time.time()
-    kwargs = {"method": method} if method != "rules" else {}
+    kwargs = {"method": method} if method not in ("rules", "naive") else {}
     est = memscope.estimate(m, batch, optimizer=opt, device="cpu", **kwargs)
+    if method == "naive":
+        return naive_bytes(est), time.time() - t0
     return est.peak_bytes, time.time() - t0
 
 
@@ -94,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="model names to run")
     parser.add_argument("--remeasure", action="store_true")
     parser.add_argument("--processes", type=int, default=3)
-    parser.add_argument("--methods", nargs="*", default=["rules"])
+    parser.add_argument("--methods", nargs="*", default=["rules", "naive"],
+                        help="rules, graph, naive (the folklore formula)")
     parser.add_argument("--json", type=Path, help="write the table as JSON here")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
     args = parser.parse_args(argv)

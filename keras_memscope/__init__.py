@@ -20,10 +20,24 @@ _LAZY = {
     "summary": "keras_memscope.estimator",
     "measure": "keras_memscope.measure",
     "MemScopeCallback": "keras_memscope.callback",
+    "fits": "keras_memscope.planning",
+    "max_batch_size": "keras_memscope.planning",
+    "FitReport": "keras_memscope.planning",
+    "Suggestion": "keras_memscope.planning",
+    "BatchSearch": "keras_memscope.planning",
+    "plot_memory_vs_batch": "keras_memscope.plot",
+    "detect_devices": "keras_memscope.devices",
 }
 
 __all__ = [
+    "BatchSearch",
     "DeviceProfile",
+    "FitReport",
+    "Suggestion",
+    "detect_devices",
+    "fits",
+    "max_batch_size",
+    "plot_memory_vs_batch",
     "Holder",
     "LayerRecord",
     "MemScopeCallback",
@@ -38,9 +52,12 @@ __all__ = [
 ]
 
 
+_RENAMED = {"plot_memory_vs_batch": "memory_vs_batch"}
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(importlib.import_module(_LAZY[name]), _RENAMED.get(name, name))
         globals()[name] = value
         return value
     raise AttributeError(f"module 'keras_memscope' has no attribute {name!r}")

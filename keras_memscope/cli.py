@@ -3,6 +3,11 @@
     memscope summary --app ResNet50 --batch-size 32 --device gpu
     memscope summary model.keras --batch-size 64 --format json
     memscope summary mypackage.models:build --batch-size 16
+    memscope fit --app ResNet50 --batch-size 128 --device a100-40gb   # exit 1: no fit
+    memscope max-batch --app ResNet50 --device rtx-4090 --plot resnet.png
+    memscope devices
+
+Exit codes: 0 done (and it fits), 1 it does not fit, 2 bad input.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import sys
 from typing import Any
 
 EXIT_OK = 0
+EXIT_NO_FIT = 1
 EXIT_ERROR = 2
 
 
@@ -104,46 +110,178 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="load model files with safe_mode=False (only for files you trust)")
 
 
+def _add_output_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="also draw memory against batch size (needs the plot extra)")
+
+
+def _add_fit_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--memory", type=_parse_memory, dest="memory_bytes",
+                   help="memory the allocator may use, e.g. 12GiB (default: the device's)")
+    p.add_argument("--safety-margin", type=float, default=0.05)
+
+
+def _parse_memory(text: str) -> int:
+    import re
+
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([kmgt]?i?b?)?\s*", text.lower())
+    if not m:
+        raise argparse.ArgumentTypeError(f"bad memory size {text!r}: use e.g. 12GiB or 800MB")
+    value = float(m.group(1))
+    unit = (m.group(2) or "b").rstrip("b") or ""
+    scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12,
+             "ki": 1024, "mi": 1024**2, "gi": 1024**3, "ti": 1024**4}
+    if unit not in scale:
+        raise argparse.ArgumentTypeError(f"bad memory unit in {text!r}")
+    return int(value * scale[unit])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="memscope",
-        description="Estimate the memory of training a Keras model.",
+        description="Estimate the memory of training a Keras model, and whether it fits.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser("summary", help="per-layer table and memory totals")
     _add_model_args(s)
-    s.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    _add_output_args(s)
+    f = sub.add_parser("fit", help="does this batch fit the device? (exit 1 if not)")
+    _add_model_args(f)
+    _add_fit_args(f)
+    _add_output_args(f)
+    m = sub.add_parser("max-batch", help="the largest batch whose estimate fits")
+    _add_model_args(m)
+    _add_fit_args(m)
+    _add_output_args(m)
+    m.add_argument("--verify", action="store_true",
+                   help="confirm with real training steps on this CPU under the limit")
+    d = sub.add_parser("devices", help="the device catalogue and this machine's devices")
+    d.add_argument("--format", choices=("table", "json"), default="table")
     return parser
 
 
-def _estimate(args: argparse.Namespace) -> Any:
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    return {"optimizer": args.optimizer, "dtype_policy": args.dtype_policy,
+            "input_shape": None if args.app else args.input_shape}
+
+
+def _estimate(args: argparse.Namespace, model: Any) -> Any:
     from .estimator import estimate
+
+    try:
+        return estimate(model, args.batch_size, device=args.device, **_options(args))
+    except (ValueError, TypeError) as exc:
+        raise CliError(str(exc)) from None
+
+
+def _plot(args: argparse.Namespace, model: Any) -> None:
+    if not getattr(args, "plot", None):
+        return
+    from .plot import memory_vs_batch
+
+    try:
+        memory_vs_batch(model, args.plot, device=args.device,
+                        memory_bytes=getattr(args, "memory_bytes", None),
+                        safety_margin=getattr(args, "safety_margin", 0.05), **_options(args))
+    except ImportError as exc:
+        raise CliError(str(exc)) from None
+    print(f"wrote {args.plot}", file=sys.stderr)
+
+
+def _cmd_summary(args: argparse.Namespace) -> int:
+    from .report import render_summary, to_csv, to_json
+
+    model = load_model(args.model, args.app, args.input_shape, args.unsafe)
+    est = _estimate(args, model)
+    print({"table": render_summary, "json": to_json, "csv": to_csv}[args.format](est))
+    _plot(args, model)
+    return EXIT_OK
+
+
+def _cmd_fit(args: argparse.Namespace) -> int:
+    import json
+
+    from .planning import fits
+    from .report import render_fit
 
     model = load_model(args.model, args.app, args.input_shape, args.unsafe)
     try:
-        return estimate(model, args.batch_size, optimizer=args.optimizer, device=args.device,
-                        dtype_policy=args.dtype_policy,
-                        input_shape=None if args.app else args.input_shape)
+        report = fits(model, args.batch_size, device=args.device,
+                      memory_bytes=args.memory_bytes, safety_margin=args.safety_margin,
+                      **_options(args))
     except (ValueError, TypeError) as exc:
         raise CliError(str(exc)) from None
+    if args.format == "json":
+        data = report.to_dict()
+        data.pop("estimate")
+        print(json.dumps(data, indent=2))
+    elif args.format == "csv":
+        print("fits,batch_size,device,required_bytes,available_bytes,headroom_bytes")
+        print(f"{report.fits},{report.batch_size},{report.device},{report.required_bytes},"
+              f"{report.available_bytes},{report.headroom_bytes}")
+    else:
+        print(render_fit(report))
+    _plot(args, model)
+    return EXIT_OK if report.fits else EXIT_NO_FIT
+
+
+def _cmd_max_batch(args: argparse.Namespace) -> int:
+    import json
+
+    from .planning import BatchSearch, max_batch_size
+
+    model = load_model(args.model, args.app, args.input_shape, args.unsafe)
+    try:
+        result = max_batch_size(model, device=args.device, memory_bytes=args.memory_bytes,
+                                safety_margin=args.safety_margin, verify=args.verify,
+                                **_options(args))
+    except (ValueError, TypeError) as exc:
+        raise CliError(str(exc)) from None
+    if isinstance(result, BatchSearch):
+        data = result.to_dict()
+    else:
+        data = {"predicted": result}
+    if args.format == "json":
+        print(json.dumps(data, indent=2))
+    elif args.format == "csv":
+        print(",".join(data) + "\n" + ",".join(str(v) for v in data.values()))
+    else:
+        line = f"largest batch that fits: {data['predicted']} (estimated)"
+        if data.get("verified") is not None:
+            line += (f"; verified: {data['verified']} in {len(data['trials'])} trial steps "
+                     f"(a doubling-and-bisection search would take {data['halving_trials']})")
+        print(line)
+    _plot(args, model)
+    return EXIT_OK if data["predicted"] > 0 else EXIT_NO_FIT
+
+
+def _cmd_devices(args: argparse.Namespace) -> int:
+    import json
+
+    from .devices import PROFILES, detect_devices
+    from .report import render_devices
+
+    local = detect_devices()
+    if args.format == "json":
+        print(json.dumps({"catalogue": [p.to_dict() for p in PROFILES.values()],
+                          "local": [p.to_dict() for p in local]}, indent=2))
+    else:
+        print(render_devices(list(PROFILES.values()), local))
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     parser = build_parser()
     args = parser.parse_args(argv)
+    commands = {"summary": _cmd_summary, "fit": _cmd_fit, "max-batch": _cmd_max_batch,
+                "devices": _cmd_devices}
     try:
-        if args.command == "summary":
-            from .report import render_summary, to_csv, to_json
-
-            est = _estimate(args)
-            text = {"table": render_summary, "json": to_json, "csv": to_csv}[args.format](est)
-            print(text)
-            return EXIT_OK
+        return commands[args.command](args)
     except CliError as exc:
         print(f"memscope: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    return EXIT_ERROR
 
 
 if __name__ == "__main__":

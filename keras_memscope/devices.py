@@ -1,18 +1,58 @@
-"""Device profiles: what the runtime takes outside the framework allocator.
+"""Device profiles: memory, what the runtime takes, and speed.
 
-``overhead_bytes`` is memory a training process uses that TensorFlow's
-allocator statistics never show: on a CPU, the TensorFlow runtime itself
-(libraries, kernels, thread pools: the resident set right after
-``import tensorflow``); on a GPU, the CUDA context with cuDNN and cuBLAS
-handles, created before the allocator takes its first byte.
+What a training process can give TensorFlow's allocator on a GPU is less than
+the card's memory:
+
+* the CUDA context with cuDNN and cuBLAS loaded lives outside the allocator
+  (``overhead_bytes``; a few hundred MiB with CUDA 12's lazy module loading;
+  the figure here is an approximation, not a measurement, unless the profile
+  says otherwise);
+* TensorFlow keeps ``min_system_memory`` away from its allocator
+  (``reserved_bytes``; ``MinSystemMemory`` in
+  ``tensorflow/core/common_runtime/gpu/gpu_device.cc``: 500 MiB for compute
+  capability <= 6, 1050 MiB for 7.x, 1536 MiB for 8.x, 1800 MiB for 9.0 and
+  later; 225 MiB on cards under 2 GiB).
+
+On the CPU, ``overhead_bytes`` is TensorFlow's own resident memory (libraries,
+kernels, thread pools: the resident set right after ``import tensorflow``,
+measured at 521 MiB with tensorflow-cpu 2.21 on Linux x86-64) and the memory is
+this machine's available RAM.
+
+Peak FLOP/s are the vendors' datasheet figures for dense math (no
+sparsity): float32 on CUDA cores, float16/bfloat16 on tensor cores with
+float32 accumulation. Bandwidth is the datasheet memory bandwidth.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 MiB = 1024**2
+GiB = 1024**3
+GB = 10**9
+T = 10**12
+
+_CONTEXT_NOTE = "CUDA context with cuDNN/cuBLAS: approximate (300-600 MiB typical), not measured"
+
+
+def tf_reserved_bytes(memory_bytes: int, compute_capability: tuple[int, int] | None) -> int:
+    """TensorFlow's ``MinSystemMemory`` for a GPU (see the module docstring)."""
+    if memory_bytes < 2 * GiB:
+        return 225 * MiB
+    major = compute_capability[0] if compute_capability else 8
+    if major <= 6:
+        return 500 * MiB
+    if major <= 7:
+        return 1050 * MiB
+    if major <= 8:
+        return 1536 * MiB
+    return 1800 * MiB
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,12 +60,21 @@ class DeviceProfile:
     """A device as the estimator needs it.
 
     Attributes:
-        name: canonical name (``"cpu"``, ``"gpu"``).
+        name: canonical name (``"a100-40gb"``, ``"cpu"``).
         kind: ``"cpu"`` or ``"gpu"``.
         overhead_bytes: runtime memory outside the allocator.
-        memory_bytes: memory available to training, when known.
+        memory_bytes: the device's memory (None: unknown).
+        reserved_bytes: memory TensorFlow keeps from its allocator.
+        compute_capability: CUDA compute capability of a GPU.
+        peak_flops: datasheet FLOP/s by dtype (``"float32"``, ``"float16"``,
+            ``"bfloat16"``); missing where the device has no fast path.
+        bandwidth_bytes_s: memory bandwidth in bytes per second.
         update_lag: how many finished weight gradients may wait for their
             optimizer update while the backward pass goes on.
+        weight_grad_lag: how many later gradient ops a weight-gradient kernel
+            overlaps with (TensorFlow's CPU executor runs two ops at once on two
+            cores, so a layer's filter gradient is still running while the next
+            layer's input gradient is computed: 1; a GPU runs one stream: 0).
         allocator: the allocator model, ``"bfc"`` (TensorFlow's GPU allocator,
             and the CPU's with ``TF_CPU_ALLOCATOR_USE_BFC=true``) or ``"exact"``.
         source: where the figures come from.
@@ -35,53 +84,253 @@ class DeviceProfile:
     kind: str
     overhead_bytes: int
     memory_bytes: int | None = None
+    reserved_bytes: int = 0
+    compute_capability: tuple[int, int] | None = None
+    peak_flops: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    bandwidth_bytes_s: float | None = None
     update_lag: int = 1
+    weight_grad_lag: int = 0
     allocator: str = "bfc"
     source: str = ""
 
+    @property
+    def available_bytes(self) -> int | None:
+        """What TensorFlow's allocator can use: memory - overhead - reserved."""
+        if self.memory_bytes is None:
+            return None
+        return self.memory_bytes - self.overhead_bytes - self.reserved_bytes
 
-PROFILES: dict[str, DeviceProfile] = {
-    "cpu": DeviceProfile(
-        name="cpu",
-        kind="cpu",
-        overhead_bytes=521 * MiB,
-        source=(
-            "resident set of a Python process right after `import tensorflow` "
-            "(tensorflow-cpu 2.21, Linux x86-64), measured"
-        ),
-    ),
-    "gpu": DeviceProfile(
-        name="gpu",
-        kind="gpu",
-        overhead_bytes=512 * MiB,
-        source=(
-            "a typical CUDA 12 context with cuDNN and cuBLAS handles loaded "
-            "(300-600 MiB depending on GPU and driver); not measured here"
-        ),
-    ),
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["peak_flops"] = dict(self.peak_flops)
+        data["compute_capability"] = (list(self.compute_capability)
+                                      if self.compute_capability else None)
+        data["available_bytes"] = self.available_bytes
+        return data
+
+
+def _gpu(name: str, memory_gib: float, cc: tuple[int, int], fp32_tflops: float,
+         half_tflops: float | None, bf16_tflops: float | None, bandwidth_gbs: float,
+         source: str, overhead_mib: int = 400) -> DeviceProfile:
+    memory = int(memory_gib * GiB)
+    flops = {"float32": fp32_tflops * T}
+    if half_tflops:
+        flops["float16"] = half_tflops * T
+    if bf16_tflops:
+        flops["bfloat16"] = bf16_tflops * T
+    return DeviceProfile(
+        name=name, kind="gpu", overhead_bytes=overhead_mib * MiB, memory_bytes=memory,
+        reserved_bytes=tf_reserved_bytes(memory, cc), compute_capability=cc,
+        peak_flops=flops, bandwidth_bytes_s=bandwidth_gbs * GB,
+        source=f"{source}; {_CONTEXT_NOTE}; reserved: TensorFlow MinSystemMemory",
+    )
+
+
+# name, memory (GiB as the driver reports the card), compute capability,
+# FP32 / FP16 tensor / BF16 tensor TFLOP/s (dense), bandwidth GB/s.
+_CATALOGUE = [
+    _gpu("t4", 15.0, (7, 5), 8.1, 65, None, 320, "NVIDIA T4 datasheet"),
+    _gpu("v100-16gb", 16.0, (7, 0), 15.7, 125, None, 900, "NVIDIA V100 SXM2 datasheet"),
+    _gpu("v100-32gb", 32.0, (7, 0), 15.7, 125, None, 900, "NVIDIA V100 SXM2 datasheet"),
+    _gpu("a10", 24.0, (8, 6), 31.2, 125, 125, 600, "NVIDIA A10 datasheet"),
+    _gpu("a100-40gb", 40.0, (8, 0), 19.5, 312, 312, 1555, "NVIDIA A100 SXM4 datasheet"),
+    _gpu("a100-80gb", 80.0, (8, 0), 19.5, 312, 312, 2039, "NVIDIA A100 SXM4 datasheet"),
+    _gpu("l4", 24.0, (8, 9), 30.3, 121, 121, 300, "NVIDIA L4 datasheet"),
+    _gpu("l40s", 48.0, (8, 9), 91.6, 362, 362, 864, "NVIDIA L40S datasheet"),
+    _gpu("rtx-3090", 24.0, (8, 6), 35.6, 71, 71, 936,
+         "NVIDIA GA102 whitepaper (FP16 tensor with FP32 accumulate)"),
+    _gpu("rtx-4090", 24.0, (8, 9), 82.6, 165, 165, 1008,
+         "NVIDIA AD102 whitepaper (FP16 tensor with FP32 accumulate)"),
+    _gpu("h100-80gb", 80.0, (9, 0), 67, 989, 989, 3350, "NVIDIA H100 SXM5 datasheet"),
+    _gpu("h200", 141.0, (9, 0), 67, 989, 989, 4800, "NVIDIA H200 SXM datasheet"),
+]
+
+_ALIASES = {
+    "a100": "a100-40gb",
+    "v100": "v100-16gb",
+    "h100": "h100-80gb",
+    "3090": "rtx-3090",
+    "4090": "rtx-4090",
+    "geforcertx3090": "rtx-3090",
+    "geforcertx4090": "rtx-4090",
+    "teslat4": "t4",
+    "h200141gb": "h200",
 }
 
 
+def _cpu_available_bytes() -> int | None:
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _cpu_profile() -> DeviceProfile:
+    return DeviceProfile(
+        name="cpu", kind="cpu", overhead_bytes=521 * MiB, memory_bytes=_cpu_available_bytes(),
+        weight_grad_lag=1,
+        source=("this machine's available RAM; overhead: resident set right after "
+                "`import tensorflow` (tensorflow-cpu 2.21, Linux x86-64), measured"),
+    )
+
+
+#: A GPU whose model is not known: the overhead, and no memory size.
+GENERIC_GPU = DeviceProfile(
+    name="gpu", kind="gpu", overhead_bytes=400 * MiB, reserved_bytes=1536 * MiB,
+    source=f"{_CONTEXT_NOTE}; reserved: TensorFlow MinSystemMemory for compute capability 8.x",
+)
+
+PROFILES: dict[str, DeviceProfile] = {p.name: p for p in _CATALOGUE}
+PROFILES["gpu"] = GENERIC_GPU
+
+
 def _normalise(name: str) -> str:
-    return re.sub(r"[\s_\-]+", "", name.strip().lower())
+    cleaned = re.sub(r"[\s_\-]+", "", name.strip().lower())
+    for prefix in ("nvidia", "tesla"):
+        if cleaned.startswith(prefix) and cleaned != prefix:
+            cleaned = cleaned[len(prefix):]
+    cleaned = cleaned.replace("geforce", "")
+    # form factors and memory kinds in the names drivers report
+    # ("NVIDIA A100-SXM4-40GB", "NVIDIA H100 80GB HBM3")
+    return re.sub(r"sxm\d?|pcie|nvl|hbm\d?e?", "", cleaned)
 
 
-def get_device(device: str | DeviceProfile | None) -> DeviceProfile:
-    """A profile by (forgiving) name, or the profile itself."""
+def known_devices() -> list[str]:
+    return sorted([*PROFILES, "cpu"])
+
+
+def get_device(device: str | DeviceProfile | Mapping[str, Any] | os.PathLike | None
+               ) -> DeviceProfile:
+    """A profile by forgiving name (``"A100 40GB"``, ``"a100-40gb"``), a
+    profile, a dict of profile fields, or a JSON file of them."""
     if device is None:
-        return PROFILES["gpu"]
+        return GENERIC_GPU
     if isinstance(device, DeviceProfile):
         return device
+    if isinstance(device, Mapping):
+        return profile_from_dict(device)
+    if isinstance(device, os.PathLike) or (isinstance(device, str) and device.endswith(".json")):
+        path = Path(device)
+        if not path.exists():
+            raise ValueError(f"no device profile file {str(path)!r}")
+        try:
+            return profile_from_dict(json.loads(path.read_text()))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"device profile {str(path)!r} is not valid JSON: {exc}") from None
     if not isinstance(device, str):
         raise TypeError(
-            f"device must be a name such as 'gpu' or 'cpu', or a DeviceProfile; "
-            f"got {type(device).__name__}"
+            f"device must be a name such as 'a100-40gb' or 'cpu', a DeviceProfile or a "
+            f"dict; got {type(device).__name__}"
         )
     wanted = _normalise(device)
+    if wanted == "cpu":
+        return _cpu_profile()
+    wanted = _normalise(_ALIASES.get(wanted, wanted))
     for key, profile in PROFILES.items():
         if _normalise(key) == wanted:
             return profile
     raise ValueError(
-        f"unknown device {device!r}: use one of {', '.join(sorted(PROFILES))} "
-        "or a DeviceProfile"
+        f"unknown device {device!r}: use one of {', '.join(known_devices())}, "
+        "a DeviceProfile, or a dict/JSON file with name, kind and memory_bytes"
     )
+
+
+_FIELDS = {f.name for f in dataclasses.fields(DeviceProfile)}
+
+
+def profile_from_dict(data: Mapping[str, Any]) -> DeviceProfile:
+    """A user's profile: ``name`` and ``memory_bytes`` (or ``memory_gib``) at
+    least; ``kind`` defaults to gpu; missing overheads come from the generic
+    profile of that kind."""
+    values = dict(data)
+    if "memory_gib" in values:
+        values["memory_bytes"] = int(float(values.pop("memory_gib")) * GiB)
+    unknown = set(values) - _FIELDS - {"available_bytes"}
+    if unknown:
+        raise ValueError(f"unknown device profile field(s) {sorted(unknown)}; "
+                         f"known: {sorted(_FIELDS)}")
+    values.pop("available_bytes", None)
+    if "name" not in values:
+        raise ValueError("a device profile needs a 'name'")
+    kind = values.setdefault("kind", "gpu")
+    if kind not in ("cpu", "gpu"):
+        raise ValueError(f"device kind must be 'cpu' or 'gpu', got {kind!r}")
+    base = _cpu_profile() if kind == "cpu" else GENERIC_GPU
+    values.setdefault("overhead_bytes", base.overhead_bytes)
+    if "compute_capability" in values and values["compute_capability"] is not None:
+        values["compute_capability"] = tuple(values["compute_capability"])
+    if "reserved_bytes" not in values:
+        mem = values.get("memory_bytes")
+        values["reserved_bytes"] = (tf_reserved_bytes(mem, values.get("compute_capability"))
+                                    if kind == "gpu" and mem else 0)
+    values.setdefault("source", "user profile")
+    return DeviceProfile(**values)
+
+
+def detect_devices() -> list[DeviceProfile]:
+    """Profiles of this machine's devices: TensorFlow's GPUs (matched to the
+    catalogue by name, with total memory from NVML when ``nvidia-ml-py`` is
+    installed), and the CPU."""
+    found: list[DeviceProfile] = []
+    try:
+        import tensorflow as tf
+
+        gpus = tf.config.list_physical_devices("GPU")
+    except Exception:
+        gpus = []
+    nvml_memory = _nvml_memory()
+    for i, gpu in enumerate(gpus):
+        details: dict[str, Any] = {}
+        try:
+            details = tf.config.experimental.get_device_details(gpu)
+        except Exception:
+            pass
+        name = str(details.get("device_name", f"GPU {i}"))
+        cc = details.get("compute_capability")
+        profile: DeviceProfile | None = None
+        try:
+            profile = get_device(name)
+        except ValueError:
+            for key in sorted(PROFILES, key=len, reverse=True):
+                if key != "gpu" and _normalise(key).split("gb")[0] in _normalise(name):
+                    profile = PROFILES[key]
+                    break
+        memory = nvml_memory[i][0] if i < len(nvml_memory) else None
+        base = profile or GENERIC_GPU
+        memory = memory or base.memory_bytes
+        found.append(dataclasses.replace(
+            base, name=f"{base.name}" if profile else f"gpu:{i}", memory_bytes=memory,
+            compute_capability=tuple(cc) if cc else base.compute_capability,
+            reserved_bytes=tf_reserved_bytes(memory, tuple(cc) if cc else None)
+            if memory else base.reserved_bytes,
+            source=f"detected: {name}" + (" (memory from NVML)" if i < len(nvml_memory)
+                                          else "") + f"; {base.source}",
+        ))
+    found.append(_cpu_profile())
+    return found
+
+
+def _nvml_memory() -> list[tuple[int, int]]:
+    """(total, free) bytes per GPU from NVML, or [] without nvidia-ml-py."""
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+        try:
+            out = []
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i))
+                out.append((int(info.total), int(info.free)))
+            return out
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return []

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from . import devices, optimizers
-from .graph import CallRecord, ModelGraph, trace_model
+from .graph import BatchScaler, CallRecord, ModelGraph, trace_model
 from .ir import LayerOp, Prim, WeightUse
 from .records import LayerRecord, MemoryEstimate
 from .rules import DEFAULT_RULES, Builder, Rule, RuleSet, using
@@ -186,6 +186,7 @@ def estimate(
     input_shape: Any = None,
     rules: Mapping[type, Rule] | None = None,
     method: str = "rules",
+    _graphs: Any = None,
 ) -> MemoryEstimate:
     """Predict the memory of one steady-state training step of ``model``.
 
@@ -230,8 +231,11 @@ def estimate(
     opt, opt_notes = optimizers.resolve(optimizer, model)
     notes += opt_notes
 
-    graph = trace_model(model, batch_size, input_shape=input_shape,
-                        is_leaf=lambda op: ruleset.lookup(op) is not None)
+    if _graphs is not None and dtype_policy is None and not rules:
+        graph = _graphs.at(batch_size)  # a BatchScaler for this model
+    else:
+        graph = trace_model(model, batch_size, input_shape=input_shape,
+                            is_leaf=lambda op: ruleset.lookup(op) is not None)
     ops, unsupported, rule_names = lower(graph, ruleset)
     state = optimizers.optimizer_state(opt, model)
 
@@ -240,7 +244,7 @@ def estimate(
     input_bytes = sum(round_up(n) for n in input_sizes)
     # In the order a training run makes them: weights when the model is built,
     # then the batch, then the optimizer's variables at its first step.
-    persistent = [("weights", w.nbytes) for w in graph.variables]
+    persistent: list[tuple] = [("weights", w.nbytes, w.key) for w in graph.variables]
     persistent += [("input batch", n) for n in input_sizes]
     persistent += [("optimizer state", n) for n in state.variable_bytes]
 
@@ -256,6 +260,7 @@ def estimate(
         update_workspace=lambda nbytes: nbytes * temporaries,
         persistent=persistent,
         update_lag=lag,
+        weight_grad_lag=profile.weight_grad_lag,
         allocator=profile.allocator,
     )
 
@@ -294,6 +299,14 @@ def estimate(
         peak_holders=result.holders,
         notes=tuple(notes),
     )
+
+
+def batch_scaler(model: Any, *, input_shape: Any = None,
+                 rules: Mapping[type, Rule] | None = None) -> BatchScaler:
+    """Traces of ``model`` from which every batch size follows (for sweeps)."""
+    ruleset = DEFAULT_RULES.with_overrides(rules)
+    return BatchScaler(model, input_shape=input_shape,
+                       is_leaf=lambda op: ruleset.lookup(op) is not None)
 
 
 def _elements(w: WeightUse) -> int:

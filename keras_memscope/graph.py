@@ -506,7 +506,10 @@ def trace_model(
 
     root = _Frame(op=None, parent=None)
     tracer = _Tracer(model, is_leaf)
-    with _recording(root):
+    # A model built weightlessly has deferred variables: trace it inside a
+    # stateless scope, where reading them gives symbolic initial values.
+    scope = weightless() if has_deferred_variables(model) else contextlib.nullcontext()
+    with scope, _recording(root):
         concrete = tf.function(forward, autograph=False).get_concrete_function(*tf_specs)
     graph = concrete.graph
     tracer.graph = graph
@@ -543,6 +546,11 @@ def trace_model(
     )
     graph_obj._keep = tracer.keep  # type: ignore[attr-defined]
     return graph_obj
+
+
+def has_deferred_variables(model: Any) -> bool:
+    """True when some variable of ``model`` was created without memory."""
+    return any(getattr(v, "_value", 0) is None for v in model.weights)
 
 
 def _safe_name(name: str, i: int) -> str:
@@ -593,3 +601,76 @@ def weightless() -> Iterator[None]:
         global_state.set_global_attribute(
             "uninitialized_variables", [v for v in current if id(v) not in mine]
         )
+
+
+class BatchScaler:
+    """Every batch size from two traces.
+
+    Shapes in a training step are affine in the batch size (a dimension is
+    ``fixed + per_sample * batch``), so two traces at batch sizes ``a`` and
+    ``b`` give each dimension's two coefficients, and the graph at any other
+    batch size follows without tracing again. When the two traces disagree in
+    structure (a model whose layers depend on the batch size), ``at`` traces.
+    """
+
+    def __init__(self, model: Any, *, input_shape: Any = None,
+                 is_leaf: Callable[[Any], bool] = lambda op: False,
+                 sizes: tuple[int, int] = (2, 3)) -> None:
+        self.model = model
+        self.input_shape = input_shape
+        self.is_leaf = is_leaf
+        self.a, self.b = sizes
+        self.ga = trace_model(model, self.a, input_shape=input_shape, is_leaf=is_leaf)
+        self.gb = trace_model(model, self.b, input_shape=input_shape, is_leaf=is_leaf)
+        self.ok = self._aligned()
+
+    def _aligned(self) -> bool:
+        ga, gb = self.ga, self.gb
+        if len(ga.calls) != len(gb.calls) or len(ga.inputs) != len(gb.inputs):
+            return False
+        for ca, cb in zip(ga.calls, gb.calls):
+            if (ca.name, ca.class_name, len(ca.inputs), len(ca.outputs)) != \
+                    (cb.name, cb.class_name, len(cb.inputs), len(cb.outputs)):
+                return False
+            for ta, tb in zip((*ca.inputs, *ca.outputs), (*cb.inputs, *cb.outputs)):
+                if ta.id != tb.id or len(ta.shape) != len(tb.shape) or ta.dtype != tb.dtype:
+                    return False
+                for da, db in zip(ta.shape, tb.shape):
+                    if (db - da) % (self.b - self.a):
+                        return False
+        return True
+
+    def _scale(self, ta: TensorInfo, tb: TensorInfo, n: int) -> TensorInfo:
+        dims = []
+        for da, db in zip(ta.shape, tb.shape):
+            per = (db - da) // (self.b - self.a)
+            dims.append(da + per * (n - self.a))
+        if any(d <= 0 for d in dims):
+            raise ValueError("scaled shape is not positive")
+        return TensorInfo(ta.id, tuple(dims), ta.dtype)
+
+    def at(self, batch_size: int) -> ModelGraph:
+        if batch_size == self.a:
+            return self.ga
+        if batch_size == self.b:
+            return self.gb
+        if not self.ok:
+            return trace_model(self.model, batch_size, input_shape=self.input_shape,
+                               is_leaf=self.is_leaf)
+        calls = []
+        for ca, cb in zip(self.ga.calls, self.gb.calls):
+            calls.append(dataclasses.replace(
+                ca,
+                inputs=tuple(self._scale(x, y, batch_size) for x, y in zip(ca.inputs, cb.inputs)),
+                outputs=tuple(self._scale(x, y, batch_size)
+                              for x, y in zip(ca.outputs, cb.outputs)),
+            ))
+        graph = dataclasses.replace(
+            self.ga, batch_size=batch_size, calls=calls,
+            inputs=tuple(self._scale(x, y, batch_size)
+                         for x, y in zip(self.ga.inputs, self.gb.inputs)),
+            outputs=tuple(self._scale(x, y, batch_size)
+                          for x, y in zip(self.ga.outputs, self.gb.outputs)),
+        )
+        graph._keep = self.ga._keep  # type: ignore[attr-defined]
+        return graph

@@ -38,6 +38,8 @@ class Prim:
         backward_workspace_bytes: temporary bytes alive only while its gradient runs.
         workspace_for: ``(input, bytes)`` pairs: more temporary bytes while the
             gradient with respect to that input is computed.
+        output_pieces: ``(output, n)`` pairs: that output is n equal
+            allocations (what a loop pushes one timestep at a time).
         grad_inplace: its input gradient may take over the buffer of its output
             gradient (element-wise gradients).
         macs: multiply-accumulates of the forward op, whole batch.
@@ -54,6 +56,7 @@ class Prim:
     forward_workspace_bytes: int = 0
     backward_workspace_bytes: int = 0
     workspace_for: tuple[tuple[str, int], ...] = ()
+    output_pieces: tuple[tuple[str, int], ...] = ()
     grad_inplace: bool = False
     macs: int = 0
 
@@ -75,6 +78,10 @@ def prim(
         given = kwargs["workspace_for"]
         items = given.items() if isinstance(given, dict) else given  # type: ignore[union-attr]
         kwargs["workspace_for"] = tuple((k, int(v)) for k, v in items)  # type: ignore[union-attr]
+    if "output_pieces" in kwargs:
+        given = kwargs["output_pieces"]
+        items = given.items() if isinstance(given, dict) else given  # type: ignore[union-attr]
+        kwargs["output_pieces"] = tuple((k, int(v)) for k, v in items)  # type: ignore[union-attr]
     if "save_for" in kwargs:
         given = kwargs["save_for"]
         items = given.items() if isinstance(given, dict) else given  # type: ignore[union-attr]

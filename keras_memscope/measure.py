@@ -111,9 +111,11 @@ def _worker_main() -> None:
     json.dump(result, sys.stdout)
 
 
-def measure_subprocess(spec: dict[str, Any], *, timeout_s: float = 1800) -> dict[str, Any]:
+def measure_subprocess(spec: dict[str, Any], *, timeout_s: float = 1800,
+                       extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run one measurement spec in a fresh process with the BFC allocator on."""
     env = dict(os.environ)
+    env.update(extra_env or {})
     env[ENV_BFC] = "true"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     env.setdefault("KERAS_BACKEND", "tensorflow")

@@ -18,9 +18,11 @@ from .units import dtype_bytes, round_up
 
 #: Temporaries one variable's update allocates, as multiples of its size, read
 #: off each optimizer's ``update_step`` expression tree on TensorFlow (buffers
-#: that cannot be overwritten in place while the gradient is still read).
+#: that cannot be overwritten in place while the gradient is still read). The
+#: copy TensorFlow makes of a variable written while another op still reads
+#: it is added by the schedule, which knows when that happens.
 _UPDATE_TEMPORARIES = {
-    "SGD": 1,
+    "SGD": 0,
     "SGD+momentum": 1,
     "SGD+nesterov": 2,
     "Adam": 2,
@@ -148,6 +150,11 @@ def optimizer_state(optimizer: Any, model: Any) -> OptimizerState:
 
     trainable = [v for v in model.trainable_variables]
     copy = _fresh_copy(optimizer)
+    # TensorFlow's optimizer keys variables by the tf.Variable behind them,
+    # which a weightless variable does not have yet; this copy is ours.
+    for opt in (copy, getattr(copy, "inner_optimizer", None)):
+        if opt is not None:
+            opt._var_key = id
     with weightless():
         copy.build(trainable)
         variables = list(copy.variables)

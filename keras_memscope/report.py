@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from typing import Any
 
 from tabulate import tabulate
 
@@ -93,3 +94,47 @@ def to_csv(est: MemoryEstimate) -> str:
                          r.trainable_params, r.activation_bytes, r.workspace_bytes,
                          r.forward_macs, r.shared, r.rule])
     return out.getvalue()
+
+
+def render_fit(report: Any) -> str:
+    """The text of ``memscope fit``."""
+    verdict = "FITS" if report.fits else "DOES NOT FIT"
+    lines = [
+        f"{report.estimate.model_name} at batch {report.batch_size} on {report.device}: {verdict}",
+        f"  required (allocator peak) {human_bytes(report.required_bytes)}",
+        f"  available to the allocator {human_bytes(report.available_bytes)} "
+        f"(safety margin {report.safety_margin:.0%})",
+        f"  headroom {human_bytes(report.headroom_bytes)}"
+        + ("" if report.fits or report.headroom_bytes < 0 else
+           f" (less than the {report.safety_margin:.0%} safety margin)"),
+    ]
+    if report.suggestions:
+        lines.append("")
+        lines.append("Ways to make it fit (predicted allocator peak):")
+        rows = [[s.title, human_bytes(s.required_bytes), "yes" if s.fits else "no", s.cost]
+                for s in report.suggestions]
+        lines.append(tabulate(rows, headers=["change", "peak", "fits", "cost"],
+                              tablefmt="simple", disable_numparse=True))
+    return "\n".join(lines)
+
+
+def render_devices(catalogue: list[Any], local: list[Any]) -> str:
+    """The text of ``memscope devices``."""
+    def row(p: Any) -> list[str]:
+        flops = p.peak_flops
+        return [p.name, p.kind,
+                human_bytes(p.memory_bytes) if p.memory_bytes else "?",
+                human_bytes(p.available_bytes) if p.available_bytes else "?",
+                f"{flops['float32'] / 1e12:.1f}" if "float32" in flops else "",
+                f"{flops['bfloat16'] / 1e12:.0f}" if "bfloat16" in flops else
+                (f"{flops['float16'] / 1e12:.0f}" if "float16" in flops else ""),
+                f"{p.bandwidth_bytes_s / 1e9:.0f}" if p.bandwidth_bytes_s else ""]
+
+    head = ["name", "kind", "memory", "for TF's allocator", "FP32 TFLOP/s",
+            "16-bit TFLOP/s", "GB/s"]
+    return "\n".join([
+        "Catalogue:", tabulate([row(p) for p in catalogue], headers=head, tablefmt="simple",
+                               disable_numparse=True),
+        "", "This machine:", tabulate([row(p) for p in local], headers=head, tablefmt="simple",
+                                      disable_numparse=True),
+    ])

@@ -23,6 +23,7 @@ import dataclasses
 import re
 from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from .allocator import BFCModel, ExactModel
 from .allocator import make as make_allocator
@@ -71,6 +72,7 @@ class _Buffer:
     layer: str
     kind: str
     live_tensors: int = 0
+    pieces: int = 1
 
 
 @dataclasses.dataclass
@@ -94,7 +96,7 @@ class _Simulator:
         self.peak_phase = "forward"
         self.peak_snapshot: dict[tuple[str, str], int] = {}
         self.buffers: dict[int, _Buffer] = {}
-        self.handles: dict[int, int] = {}
+        self.handles: dict[int, list[int]] = {}
         self.next_buffer = 0
         self.timeline: list[TimelinePoint] = []
         self.recording = False
@@ -104,18 +106,23 @@ class _Simulator:
     def live(self) -> int:
         return self.allocator.in_use
 
-    def alloc(self, nbytes: int, layer: str, kind: str) -> int:
-        handle, _ = self.allocator.alloc(nbytes)
+    def alloc(self, nbytes: int, layer: str, kind: str, pieces: int = 1) -> int:
+        """One buffer, made of ``pieces`` equal allocations (a loop's per-step
+        tensors are many small allocations, not one large one)."""
+        pieces = max(1, pieces)
+        size = -(-nbytes // pieces)
+        handles = [self.allocator.alloc(size)[0] for _ in range(pieces)]
         bid = self.next_buffer
         self.next_buffer += 1
-        self.buffers[bid] = _Buffer(round_up(nbytes), layer, kind)
-        self.handles[bid] = handle
+        self.buffers[bid] = _Buffer(round_up(size) * pieces, layer, kind, pieces=pieces)
+        self.handles[bid] = handles
         return bid
 
     def free(self, bid: int) -> None:
         buf = self.buffers.pop(bid, None)
         if buf is not None:
-            self.allocator.free(self.handles.pop(bid))
+            for handle in self.handles.pop(bid):
+                self.allocator.free(handle)
 
     def check(self, phase: str) -> None:
         self.event_high = max(self.event_high, self.live)
@@ -142,18 +149,21 @@ def simulate(
     model_outputs: Sequence[int],
     losses: Sequence[LossSpec],
     update_workspace: Callable[[int], int],
-    persistent: Sequence[tuple[str, int]],
+    persistent: Sequence[tuple[Any, ...]],
     update_lag: int = 1,
+    weight_grad_lag: int = 0,
     allocator: str = "bfc",
     granule: int = 256,
 ) -> StepResult:
     """Simulate a warm-up step and a measured step; see the module docstring.
 
-    ``persistent`` lists ``(kind, bytes)`` allocations held across steps, in
-    the order they are made (weights, the batch, optimizer slots).
+    ``persistent`` lists ``(kind, bytes)`` or ``(kind, bytes, weight_key)``
+    allocations held across steps, in the order they are made (weights, the
+    batch, optimizer slots).
     """
     flats, tensor_bytes, weight_of = _flatten(ops)
     weight_trainable = {w.key: w.trainable for op in ops for w in op.weights}
+    weight_bytes = {w.key: w.nbytes for op in ops for w in op.weights}
     weight_layer: dict[int, str] = {}
     for op in ops:
         for w in op.weights:
@@ -179,6 +189,9 @@ def simulate(
             for t in f.grad_ins:
                 leads_to_loss[t] = True
 
+    # A weight whose value an input gradient still reads when its update runs
+    # (dx = g @ W^T beside the update of W) is copied before it is written.
+    copy_on_write: set[int] = set()
     holders0: dict[int, int] = defaultdict(int)
     grad_pending0: dict[int, int] = defaultdict(int)
     for f in flats:
@@ -187,6 +200,9 @@ def simulate(
         if f.needs_backward:
             f.saved = _resolve_saves(f, wants)
             f.input_grads = wants
+            if any(t not in weight_of for t in wants):
+                copy_on_write.update(weight_of[t] for t in f.ins
+                                     if t in weight_of and weight_trainable[weight_of[t]])
             for t in wants:
                 grad_pending0[t] += 1
         for t in f.ins:
@@ -199,9 +215,13 @@ def simulate(
         holders0[t] += 1  # the loss reads each output
 
     sim = _Simulator(make_allocator(allocator))
-    for kind, nbytes in persistent:
-        sim.alloc(nbytes, kind, PERSISTENT)
-    baseline = sum(round_up(n) for _, n in persistent)
+    weight_buffer: dict[int, int] = {}
+    for item in persistent:
+        kind, nbytes = item[0], item[1]
+        bid = sim.alloc(nbytes, kind, PERSISTENT)
+        if len(item) > 2 and item[2] is not None:
+            weight_buffer[item[2]] = bid
+    baseline = sum(round_up(item[1]) for item in persistent)
     layer_saved: dict[int, int] = defaultdict(int)
     layer_workspace: dict[int, int] = defaultdict(int)
     saved_total = 0
@@ -231,6 +251,8 @@ def simulate(
         # Forward pass.
         for f in flats:
             op, p = f.op, f.prim
+            pieces = dict(p.output_pieces)
+            refs_out = [r for r, _ in p.outputs]
             for i, (t, nbytes) in enumerate(zip(f.outs, (b for _, b in p.outputs))):
                 if i == 0 and p.alias and f.ins and f.ins[0] in buffer_of:
                     attach(t, buffer_of[f.ins[0]])
@@ -254,7 +276,7 @@ def simulate(
                             break
                     if taken:
                         continue
-                attach(t, sim.alloc(nbytes, op.name, ACTIVATION))
+                attach(t, sim.alloc(nbytes, op.name, ACTIVATION, pieces.get(refs_out[i], 1)))
             sim.check("forward")
             if p.forward_workspace_bytes:
                 ws = sim.alloc(p.forward_workspace_bytes, op.name, WORKSPACE)
@@ -304,45 +326,29 @@ def simulate(
         def run_update(key: int, bid: int) -> None:
             ws_bytes = update_workspace(sim.buffers[bid].nbytes)
             ws = sim.alloc(ws_bytes, weight_layer[key], UPDATE) if ws_bytes else None
+            copy = None
+            if key in copy_on_write:
+                # the variable is written into a copy, which becomes its storage
+                copy = sim.alloc(weight_bytes[key], weight_layer[key], UPDATE)
             sim.check("update")
             if ws is not None:
                 sim.free(ws)
+            if copy is not None:
+                old = weight_buffer.get(key)
+                if old is not None:
+                    sim.free(old)
+                    sim.buffers[copy].kind = PERSISTENT
+                    sim.buffers[copy].layer = "weights"
+                    weight_buffer[key] = copy
+                else:
+                    sim.free(copy)
             sim.free(bid)
             sim.point("update", weight_layer[key], "apply gradient")
 
-        for f in reversed(flats):
-            if not f.needs_backward:
-                continue
-            op, p = f.op, f.prim
-            out_grads = [grad_of.pop(t) for t in f.outs if t in grad_of]
-            reusable = list(out_grads) if p.grad_inplace else []
-            for t in f.input_grads:
-                nbytes = round_up(tensor_bytes[t], granule)
-                bid = next((b for b in reusable if sim.buffers[b].nbytes == nbytes), None)
-                if bid is not None:
-                    reusable.remove(bid)
-                    out_grads.remove(bid)
-                    sim.buffers[bid].layer = op.name
-                else:
-                    bid = sim.alloc(tensor_bytes[t], op.name, GRADIENT)
-                partial[t].append(bid)
-            sim.check("backward")
-            # a gradient kernel's temporaries live beside the gradients it writes
-            ws_bytes = p.backward_workspace_bytes + sum(
-                n for ref, n in p.workspace_for
-                if ref in p.inputs and f.ins[p.inputs.index(ref)] in f.input_grads)
-            if ws_bytes:
-                ws = sim.alloc(ws_bytes, op.name, WORKSPACE)
-                layer_workspace[op.index] = max(
-                    layer_workspace[op.index], sim.buffers[ws].nbytes
-                )
-                sim.check("backward")
-                sim.free(ws)
-            for bid in out_grads:
-                sim.free(bid)
-            for t in f.saved:
-                release(t)
-            for t in f.input_grads:
+        def settle(ts: Sequence[int]) -> None:
+            """Gradients of ``ts`` written: sum the parts of a tensor read by
+            several ops, hand weights' gradients to the optimizer."""
+            for t in ts:
                 grad_pending[t] -= 1
                 if grad_pending[t] == 0:
                     parts = partial.pop(t)
@@ -356,7 +362,68 @@ def simulate(
                         sim.free(parts[0])
                     else:
                         grad_of[t] = parts[0]
+
+        def workspace(f: _Flat, ts: Sequence[int], extra: int = 0) -> int | None:
+            p = f.prim
+            ws_bytes = extra + sum(
+                n for ref, n in p.workspace_for
+                if ref in p.inputs and f.ins[p.inputs.index(ref)] in ts)
+            if not ws_bytes:
+                return None
+            ws = sim.alloc(ws_bytes, f.op.name, WORKSPACE)
+            layer_workspace[f.op.index] = max(layer_workspace[f.op.index],
+                                              sim.buffers[ws].nbytes)
+            return ws
+
+        def finish_weights(job: tuple[_Flat, list[int], list[int], int | None]) -> None:
+            f, wts, out_grads, ws = job
+            if ws is not None:
+                sim.free(ws)
+            for bid in out_grads:
+                sim.free(bid)
+            for t in f.saved:
+                release(t)
+            settle(wts)
+            sim.point("backward", f.op.name, f.prim.name + " (weight gradients)")
+
+        # The input gradients are on the critical path; the weight-gradient
+        # kernels start at the same time and, with ``weight_grad_lag`` > 0, end
+        # while the next ops' gradients run (a second thread or stream).
+        pending: deque[tuple[_Flat, list[int], list[int], int | None]] = deque()
+        for f in reversed(flats):
+            if not f.needs_backward:
+                continue
+            op, p = f.op, f.prim
+            out_grads = [grad_of.pop(t) for t in f.outs if t in grad_of]
+            xts = [t for t in f.input_grads if t not in weight_of]
+            wts = [t for t in f.input_grads if t in weight_of]
+            reusable = list(out_grads) if p.grad_inplace else []
+            for t in xts:
+                nbytes = round_up(tensor_bytes[t], granule)
+                bid = next((b for b in reusable if sim.buffers[b].nbytes == nbytes), None)
+                if bid is not None:
+                    reusable.remove(bid)
+                    out_grads.remove(bid)
+                    sim.buffers[bid].layer = op.name
+                else:
+                    bid = sim.alloc(tensor_bytes[t], op.name, GRADIENT)
+                partial[t].append(bid)
+            for t in wts:
+                partial[t].append(sim.alloc(tensor_bytes[t], op.name, GRADIENT))
+            sim.check("backward")
+            # a gradient kernel's temporaries live beside the gradients it writes
+            ws_x = workspace(f, xts, p.backward_workspace_bytes)
+            ws_w = workspace(f, wts)
+            sim.check("backward")
+            if ws_x is not None:
+                sim.free(ws_x)
+            settle(xts)
             sim.point("backward", op.name, p.name)
+            pending.append((f, wts, out_grads, ws_w))
+            while len(pending) > weight_grad_lag:
+                finish_weights(pending.popleft())
+        while pending:
+            finish_weights(pending.popleft())
         while queue:
             run_update(*queue.popleft())
 

@@ -59,3 +59,38 @@ def test_bad_batch_size_is_an_argparse_error():
     proc = run("summary", "tests.models:seed_mlp", "--batch-size", "0")
     assert proc.returncode == 2 and "must be positive" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_fit_exit_codes(capsys):
+    assert cli.main(["fit", "tests.models:small_cnn", "--batch-size", "8", "--device", "h200",
+                     "--optimizer", "adam"]) == 0
+    assert "FITS" in capsys.readouterr().out
+    code = cli.main(["fit", "tests.models:seed_mlp", "--batch-size", "4096", "--device", "cpu",
+                     "--memory", "8MiB", "--optimizer", "adam", "--format", "json"])
+    assert code == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["fits"] is False and data["available_bytes"] == 8 * 1024**2
+    assert data["suggestions"]
+
+
+def test_max_batch_and_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "m.png"
+    code = cli.main(["max-batch", "tests.models:small_cnn", "--device", "cpu", "--memory",
+                     "200MiB", "--format", "json", "--plot", str(png)])
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["predicted"] > 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_devices_lists_catalogue_and_this_machine(capsys):
+    assert cli.main(["devices", "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    names = {d["name"] for d in data["catalogue"]}
+    assert {"t4", "a100-40gb", "a100-80gb", "h100-80gb", "h200", "rtx-4090"} <= names
+    assert data["local"][-1]["name"] == "cpu"
+
+
+def test_bad_memory_size_is_one_line():
+    proc = run("fit", "tests.models:seed_mlp", "--memory", "lots")
+    assert proc.returncode == 2 and "bad memory size" in proc.stderr

@@ -51,6 +51,10 @@ class Builder:
         # OUT in what a prim saves stands for its own first output.
         if "save" in kwargs:
             kwargs["save"] = [refs[0] if x == OUT else x for x in kwargs["save"]]
+        if "output_pieces" in kwargs:
+            given = kwargs["output_pieces"]
+            items = given.items() if isinstance(given, dict) else given
+            kwargs["output_pieces"] = [(refs[0] if k == OUT else k, v) for k, v in items]
         if "save_for" in kwargs:
             given = kwargs["save_for"]
             items = given.items() if isinstance(given, dict) else given
@@ -92,6 +96,7 @@ def _rename(p: Prim, names: dict[str, str]) -> Prim:
         forward_workspace_bytes=p.forward_workspace_bytes,
         backward_workspace_bytes=p.backward_workspace_bytes,
         workspace_for=tuple((r(k), v) for k, v in p.workspace_for),
+        output_pieces=tuple((r(k), v) for k, v in p.output_pieces),
         grad_inplace=p.grad_inplace,
         macs=p.macs,
     )

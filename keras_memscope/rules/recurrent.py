@@ -63,18 +63,21 @@ def recurrent(call: CallRecord) -> list[Prim]:
     step_bytes = batch * (features + (gates + 4) * units) * itemsize
     kernel_bytes = (features + units) * gates * units * itemsize
     xt = b.add1("to_time_major", ["in0"], x.nbytes)
+    # TensorArray.unstack copies every timestep into its own tensor
+    xs = b.add1("unstack", [xt], x.nbytes, output_pieces={"__OUT__": steps})
     seq, state = b.add(
         "recurrence",
-        [xt, *params],
+        [xs, *params],
         [seq_bytes, state_bytes],
-        save=[xt],
         macs=steps * batch * (features + units) * gates * units,
         forward_workspace_bytes=2 * batch * gates * units * itemsize,
         backward_workspace_bytes=kernel_bytes + step_bytes,
+        # the gradient loop starts each timestep's input gradient from zeros
+        workspace_for={xs: x.nbytes},
     )
-    # the per-step state is only read by the gradient
-    p = b.prims[-1]
-    b.prims[-1] = Prim(**{**p.__dict__, "save": (xt, state)})
+    # each timestep pushes its own small tensors, only read by the gradient
+    b.prims[-1] = Prim(**{**b.prims[-1].__dict__, "save": (xs, state),
+                          "output_pieces": ((state, steps * _PER_STEP_STATE[kind]),)})
     outs = []
     if getattr(call.layer, "return_sequences", False):
         outs.append(b.add1("to_batch_major", [seq], call.outputs[0].nbytes))
@@ -117,6 +120,7 @@ def _prefixed(prims: list[Prim], prefix: str, mapping: dict[str, str],
             forward_workspace_bytes=p.forward_workspace_bytes,
             backward_workspace_bytes=p.backward_workspace_bytes,
             workspace_for=tuple((r(k), v) for k, v in p.workspace_for),
+        output_pieces=tuple((r(k), v) for k, v in p.output_pieces),
             grad_inplace=p.grad_inplace, macs=p.macs))
     return out
 

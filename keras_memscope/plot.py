@@ -1,0 +1,118 @@
+"""Figures (matplotlib, the ``plot`` extra): memory against batch size.
+
+The core package imports without matplotlib; these functions import it when
+called and say how to install it when it is missing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .devices import DeviceProfile, get_device
+from .records import MemoryEstimate
+
+GiB = 1024**3
+
+_COMPONENTS = [
+    ("runtime (outside the allocator)", "overhead_bytes", "#b0b0b0"),
+    ("weights", "weights_bytes", "#4c72b0"),
+    ("optimizer state", "optimizer_bytes", "#55a868"),
+    ("input batch", "input_bytes", "#8172b2"),
+    ("activations", "activations_bytes", "#dd8452"),
+    ("gradients", "gradients_bytes", "#c44e52"),
+    ("workspace + allocator chunks", None, "#937860"),
+]
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError(
+            "plots need matplotlib: pip install 'keras-memscope[plot]'"
+        ) from None
+    return plt
+
+
+def memory_vs_batch(
+    model: Any,
+    path: str,
+    *,
+    device: str | DeviceProfile | None = "gpu",
+    batch_sizes: Sequence[int] | None = None,
+    memory_bytes: int | None = None,
+    safety_margin: float = 0.05,
+    **options: Any,
+) -> list[MemoryEstimate]:
+    """Write a PNG of the training-step memory against batch size, stacked by
+    component, with the device's limit and the largest batch that fits.
+
+    Returns the estimates plotted.
+    """
+    from .estimator import estimate
+    from .planning import _with_scaler, max_batch_size
+
+    plt = _pyplot()
+    profile = get_device(device)
+    usable = None
+    if memory_bytes is not None:
+        usable = memory_bytes + profile.overhead_bytes
+    elif profile.memory_bytes is not None:
+        usable = profile.memory_bytes - profile.reserved_bytes
+    opts = _with_scaler(model, options)
+    best = None
+    if usable is not None:
+        best = max_batch_size(model, device=profile, memory_bytes=usable - profile.overhead_bytes,
+                              safety_margin=safety_margin, **opts)
+    if batch_sizes is None:
+        top = max(8, int((best or 64) * 1.6))
+        step = max(1, top // 24)
+        batch_sizes = sorted({1, *range(step, top + 1, step), *([best] if best else [])})
+    ests = [estimate(model, b, device=profile, **opts) for b in batch_sizes]
+
+    fig, ax = plt.subplots(figsize=(9, 5.2), dpi=130)
+    xs = list(batch_sizes)
+    stacks = []
+    for label, attr, color in _COMPONENTS:
+        if attr is None:
+            ys = [(e.workspace_bytes + e.allocator_bytes) / GiB for e in ests]
+        else:
+            ys = [getattr(e, attr) / GiB for e in ests]
+        stacks.append((label, ys, color))
+    ax.stackplot(xs, *[ys for _, ys, _ in stacks], labels=[lab for lab, _, _ in stacks],
+                 colors=[c for _, _, c in stacks], alpha=0.9, linewidth=0)
+    if usable is not None:
+        ax.axhline(usable / GiB, color="black", linewidth=1.6)
+        ax.text(xs[0], usable / GiB, f"  {profile.name}: {usable / GiB:.1f} GiB usable by "
+                "TensorFlow", va="bottom", ha="left", fontsize=9)
+        if safety_margin:
+            margin_line = (profile.overhead_bytes
+                           + (usable - profile.overhead_bytes) * (1 - safety_margin)) / GiB
+            ax.axhline(margin_line, color="black", linewidth=0.8, linestyle=":")
+            ax.text(xs[-1], margin_line, f"{safety_margin:.0%} safety margin  ", va="top",
+                    ha="right", fontsize=8)
+    if best:
+        ax.axvline(best, color="black", linestyle="--", linewidth=1.2)
+        ax.annotate(f"largest batch that fits: {best}", xy=(best, 0), xytext=(6, 18),
+                    textcoords="offset points", fontsize=10, fontweight="bold")
+    e0 = ests[0]
+    ax.set_title(f"{e0.model_name}: training-step memory by batch size\n"
+                 f"{e0.optimizer}, {e0.dtype_policy}, estimated by keras_memscope",
+                 fontsize=11)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("memory (GiB)")
+    ax.set_xlim(xs[0], xs[-1])
+    ax.set_ylim(0, max(max(e.total_bytes for e in ests), usable or 0) / GiB * 1.08)
+    ax.grid(axis="y", alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    ax.legend(handles[::-1], labels[::-1], loc="upper left", fontsize=8.5, frameon=False)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return ests

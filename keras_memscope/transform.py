@@ -1,0 +1,115 @@
+"""Rebuild a model with a change, without allocating its weights.
+
+``rebuild`` re-creates a Functional or Sequential model from its config inside
+a weightless scope (every variable deferred, nothing allocated, and nothing
+left for a later scope to allocate), with a different dtype policy or with
+some layers frozen. The user's model is not touched.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable
+from typing import Any
+
+Freeze = Iterable[str] | Callable[[Any], bool] | None
+
+
+def _set_policy(config: Any, policy: str) -> Any:
+    """Every float dtype policy in a (nested) config set to ``policy``."""
+    if isinstance(config, dict):
+        out = {}
+        for key, value in config.items():
+            if key == "dtype" and _is_float_policy(value):
+                out[key] = policy
+            else:
+                out[key] = _set_policy(value, policy)
+        return out
+    if isinstance(config, list):
+        return [_set_policy(v, policy) for v in config]
+    return config
+
+
+def _is_float_policy(value: Any) -> bool:
+    """A layer's serialized dtype policy (a plain dtype string, as an
+    InputLayer has, is a tensor dtype and stays)."""
+    if not (isinstance(value, dict)
+            and value.get("class_name") in ("DTypePolicy", "FloatDTypePolicy")):
+        return False
+    name = value.get("config", {}).get("name")
+    return name in ("float32", "float16", "bfloat16", "mixed_float16", "mixed_bfloat16")
+
+
+def _check_rebuildable(model: Any, what: str) -> None:
+    import keras
+    from keras.src.models.functional import Functional
+
+    if not isinstance(model, (Functional, keras.Sequential)):
+        raise ValueError(
+            f"{what} needs a model that can be rebuilt from its config (Sequential or "
+            f"Functional); {type(model).__name__} is subclassed: build it yourself with the "
+            "change (e.g. under keras.config.set_dtype_policy(...)) and estimate that"
+        )
+
+
+def rebuild(model: Any, *, dtype_policy: str | None = None, freeze: Freeze = None) -> Any:
+    """A weightless copy of ``model`` with a dtype policy and/or frozen layers."""
+    import keras
+
+    from .graph import weightless
+
+    _check_rebuildable(model, "dtype_policy=/freeze=")
+    config = model.get_config()
+    if dtype_policy is not None:
+        try:
+            keras.dtype_policies.get(dtype_policy)
+        except (ValueError, TypeError):
+            raise ValueError(
+                f"unknown dtype policy {dtype_policy!r}: use e.g. 'float32', "
+                "'mixed_float16', 'mixed_bfloat16', 'bfloat16'"
+            ) from None
+        config = _set_policy(copy.deepcopy(config), dtype_policy)
+    previous = keras.config.dtype_policy()
+    with weightless():
+        try:
+            if dtype_policy is not None:
+                keras.config.set_dtype_policy(dtype_policy)
+            clone = type(model).from_config(config)
+        finally:
+            keras.config.set_dtype_policy(previous)
+    # what estimates read from a compiled model: its optimizer and loss
+    clone.optimizer = getattr(model, "optimizer", None)
+    clone.loss = getattr(model, "loss", None)
+    _copy_trainable(model, clone)
+    if freeze is not None:
+        apply_freeze(clone, freeze)
+    return clone
+
+
+def _copy_trainable(src: Any, dst: Any) -> None:
+    for a, b in zip(src._flatten_layers(include_self=False),
+                    dst._flatten_layers(include_self=False)):
+        b.trainable = a.trainable
+
+
+def apply_freeze(model: Any, freeze: Freeze) -> list[str]:
+    """Set ``trainable=False`` on the layers named (or matched by a predicate).
+
+    Returns the names frozen; unknown names are an error.
+    """
+    layers = {layer.name: layer for layer in model._flatten_layers(include_self=False)}
+    if callable(freeze):
+        chosen = [name for name, layer in layers.items() if freeze(layer)]
+    else:
+        chosen = list(freeze)  # type: ignore[arg-type]
+        missing = [n for n in chosen if n not in layers]
+        if missing:
+            raise ValueError(f"no layer named {missing[0]!r} in model {model.name!r}; "
+                             f"layers: {', '.join(list(layers)[:12])}...")
+    for name in chosen:
+        layers[name].trainable = False
+    return chosen
+
+
+def with_dtype_policy(model: Any, policy: str) -> Any:
+    return rebuild(model, dtype_policy=policy)
