@@ -41,6 +41,21 @@ T = 10**12
 _CONTEXT_NOTE = "CUDA context with cuDNN/cuBLAS: approximate (300-600 MiB typical), not measured"
 
 
+def cpu_cache_facts() -> tuple[int, int]:
+    """(L2 cache bytes per core, CPU threads) of this machine, which size
+    TensorFlow's CPU convolution-gradient buffers (512 KiB and 2 when unknown)."""
+    l2 = 512 * 1024
+    try:
+        for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+            if (index / "level").read_text().strip() == "2":
+                text = (index / "size").read_text().strip().upper()
+                scale = {"K": 1024, "M": 1024**2}.get(text[-1:], 1)
+                l2 = int(text.rstrip("KM")) * scale
+    except (OSError, ValueError):
+        pass
+    return l2, os.cpu_count() or 2
+
+
 def tf_reserved_bytes(memory_bytes: int, compute_capability: tuple[int, int] | None) -> int:
     """TensorFlow's ``MinSystemMemory`` for a GPU (see the module docstring)."""
     if memory_bytes < 2 * GiB:

@@ -51,28 +51,36 @@ _TARGET_WORKING_SET_BYTES = 30 << 20
 def conv_backward_workspace(call: CallRecord, itemsize: int = 4) -> tuple[int, int]:
     """Temporary bytes of (filter gradient, input gradient) on the CPU.
 
-    Each gradient kernel processes ``shard = ceil(30 MiB / (A + B + C))`` images
-    at once through a column buffer of ``shard x A`` elements, where
-    ``A = out_h*out_w x k_h*k_w*in``, ``B = out_h*out_w x out`` and
-    ``C = k_h*k_w*in x out``. A 1x1, stride-1 kernel is a plain matmul with no
-    buffer.
+    Both kernels run im2col over ``shard`` images at a time into a column
+    buffer of ``shard x image x filter_total`` elements, where ``image`` is
+    out_h*out_w and ``filter_total`` is k_h*k_w*in. With ``work`` the elements
+    of the three matrices of one image's matmul, ``shard = ceil(30 MiB /
+    itemsize / work)``; the input gradient uses ``shard = 1`` (one parallel
+    contraction) when the batch is 1 or ``work / threads`` reaches the L2
+    cache, the filter gradient when the batch is 1. (The buffer does not shrink
+    with the batch: a batch of 32 small images gets a 24 MB buffer.)
     """
+    from ..devices import cpu_cache_facts
+
     layer = call.layer
     kernel = tuple(layer.kernel.shape)
-    strides = tuple(getattr(layer, "strides", (1,)) or (1,))
     out = call.outputs[0].shape
     fmt = getattr(layer, "data_format", "channels_last")
     spatial = out[2:] if fmt == "channels_first" else out[1:-1]
-    if all(k == 1 for k in kernel[:-2]) and all(s == 1 for s in strides):
-        return 0, 0
+    batch = out[0]
     image = math.prod(spatial)
     filter_total = math.prod(kernel[:-1])
     out_depth = kernel[-1]
-    a = image * filter_total
-    work = a + image * out_depth + filter_total * out_depth
-    shard = -(-(_TARGET_WORKING_SET_BYTES // itemsize) // work)
-    buf = shard * a * itemsize
-    return buf, buf
+    target = _TARGET_WORKING_SET_BYTES // itemsize
+    work = image * filter_total + image * out_depth + filter_total * out_depth
+    l2_bytes, threads = cpu_cache_facts()
+    full_shard = -(-target // work)
+
+    filt_shard = 1 if batch == 1 else full_shard
+    filt = filt_shard * image * filter_total
+    parallel = batch == 1 or work // max(threads, 1) >= l2_bytes // itemsize
+    inp = (1 if parallel else full_shard) * image * filter_total
+    return filt * itemsize, inp * itemsize
 
 
 def _finish(b: Builder, call: CallRecord, z: str) -> list[Prim]:

@@ -28,11 +28,13 @@ def _window(call: CallRecord) -> int:
 
 @register(*_MAX)
 def max_pool(call: CallRecord) -> list[Prim]:
-    """MaxPooling: keeps input and output; MACs-equivalent: one compare per
-    window element of every output."""
+    """MaxPooling: keeps input and output; TensorFlow's MaxPoolGrad also
+    allocates a temporary the size of the pooled output. MACs-equivalent: one
+    compare per window element of every output."""
     b = Builder(call)
     z = b.add1("max_pool", ["in0"], call.outputs[0].nbytes, save_for={"in0": ("in0", OUT)},
-               macs=math.prod(call.outputs[0].shape) * _window(call))
+               macs=math.prod(call.outputs[0].shape) * _window(call),
+               backward_workspace_bytes=call.outputs[0].nbytes)
     return b.finish([z])
 
 
