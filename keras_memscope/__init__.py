@@ -27,6 +27,7 @@ _LAZY = {
     "BatchSearch": "keras_memscope.planning",
     "plot_memory_vs_batch": "keras_memscope.plot",
     "detect_devices": "keras_memscope.devices",
+    "calibrate": "keras_memscope.timing",
 }
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "DeviceProfile",
     "FitReport",
     "Suggestion",
+    "calibrate",
     "detect_devices",
     "fits",
     "max_batch_size",

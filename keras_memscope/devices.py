@@ -84,6 +84,13 @@ class DeviceProfile:
         peak_flops: datasheet FLOP/s by dtype (``"float32"``, ``"float16"``,
             ``"bfloat16"``); missing where the device has no fast path.
         bandwidth_bytes_s: memory bandwidth in bytes per second.
+        op_overhead_s: fixed time per op (dispatch, launch); None: the default
+            of the kind (see ``timing``).
+        cache_bytes, cache_bandwidth_bytes_s: a CPU's last-level cache and the
+            bandwidth of data that stays in it (calibrated).
+        rates: calibrated throughput of kernel families: ``"matmul"``,
+            ``"conv"``, ``"conv_filter_grad"``, ``"conv_input_grad"`` (FLOP/s)
+            and ``"reduce"`` (bytes/s); a family without a rate uses the peak.
         update_lag: how many finished weight gradients may wait for their
             optimizer update while the backward pass goes on.
         weight_grad_lag: how many later gradient ops a weight-gradient kernel
@@ -103,6 +110,10 @@ class DeviceProfile:
     compute_capability: tuple[int, int] | None = None
     peak_flops: Mapping[str, float] = dataclasses.field(default_factory=dict)
     bandwidth_bytes_s: float | None = None
+    op_overhead_s: float | None = None
+    cache_bytes: int | None = None
+    cache_bandwidth_bytes_s: float | None = None
+    rates: Mapping[str, float] = dataclasses.field(default_factory=dict)
     update_lag: int = 1
     weight_grad_lag: int = 0
     allocator: str = "bfc"
@@ -118,6 +129,7 @@ class DeviceProfile:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["peak_flops"] = dict(self.peak_flops)
+        data["rates"] = dict(self.rates)
         data["compute_capability"] = (list(self.compute_capability)
                                       if self.compute_capability else None)
         data["available_bytes"] = self.available_bytes
@@ -186,7 +198,17 @@ def _cpu_available_bytes() -> int | None:
         return None
 
 
+_CALIBRATED: dict[str, DeviceProfile] = {}
+
+
+def register_calibration(profile: DeviceProfile) -> None:
+    """Later look-ups of this kind of device return the calibrated profile."""
+    _CALIBRATED[profile.name] = profile
+
+
 def _cpu_profile() -> DeviceProfile:
+    if "cpu" in _CALIBRATED:
+        return dataclasses.replace(_CALIBRATED["cpu"], memory_bytes=_cpu_available_bytes())
     return DeviceProfile(
         name="cpu", kind="cpu", overhead_bytes=521 * MiB, memory_bytes=_cpu_available_bytes(),
         weight_grad_lag=1,
@@ -249,7 +271,7 @@ def get_device(device: str | DeviceProfile | Mapping[str, Any] | os.PathLike | N
     wanted = _normalise(_ALIASES.get(wanted, wanted))
     for key, profile in PROFILES.items():
         if _normalise(key) == wanted:
-            return profile
+            return _CALIBRATED.get(key, profile)
     raise ValueError(
         f"unknown device {device!r}: use one of {', '.join(known_devices())}, "
         "a DeviceProfile, or a dict/JSON file with name, kind and memory_bytes"

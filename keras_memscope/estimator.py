@@ -16,7 +16,7 @@ from . import devices, optimizers
 from .graph import BatchScaler, CallRecord, ModelGraph, trace_model
 from .ir import LayerOp, Prim, WeightUse
 from .records import LayerRecord, MemoryEstimate
-from .rules import DEFAULT_RULES, Builder, Rule, RuleSet, using
+from .rules import DEFAULT_RULES, Builder, Rule, RuleSet, category_of, using
 from .rules.core import fallback
 from .schedule import LossSpec, simulate
 from .units import dtype_bytes, round_up
@@ -133,6 +133,7 @@ def lower(graph: ModelGraph, ruleset: RuleSet) -> tuple[list[LayerOp], dict[str,
                     output_bytes=tuple(t.nbytes for t in call.outputs),
                     prims=tuple(prims),
                     weights=call.weights,
+                    itemsize=dtype_bytes(call.outputs[0].dtype) if call.outputs else 4,
                 )
             )
     return ops, unsupported, rule_names
@@ -264,8 +265,16 @@ def estimate(
         allocator=profile.allocator,
     )
 
+    from . import timing
+
+    timed = timing.has_timing(profile)
+    dtypes = {c.index: (c.outputs[0].dtype if c.outputs else "float32") for c in graph.calls}
+    times = timing.layer_times(result.costs, profile, dtypes) if timed else None
+    flops = timing.layer_times(result.costs, _UNTIMED, dtypes) if not timed else times
     records = _layer_records(graph, ops, rule_names, result.layer_saved_bytes,
-                             result.layer_workspace_bytes)
+                             result.layer_workspace_bytes, flops, timed)
+    update_s = (timing.update_time([w.nbytes for w in graph.variables if w.trainable],
+                                   state.update_kernels, profile) if timed else None)
     params = sum(_elements(w) for w in graph.variables)
     trainable_params = sum(_elements(w) for w in graph.variables if w.trainable)
     if graph.unattributed:
@@ -298,6 +307,10 @@ def estimate(
         timeline=result.timeline,
         peak_holders=result.holders,
         notes=tuple(notes),
+        forward_flops=sum(r.forward_flops for r in records),
+        backward_flops=sum(r.backward_flops for r in records),
+        update_time_s=update_s,
+        timing_source=profile.source if timed else "",
     )
 
 
@@ -313,12 +326,20 @@ def _elements(w: WeightUse) -> int:
     return w.nbytes // dtype_bytes(w.dtype)
 
 
+#: A profile with unit speeds, to sum FLOPs when the device has no timing.
+_UNTIMED = devices.DeviceProfile(name="untimed", kind="cpu", overhead_bytes=0,
+                                 peak_flops={"float32": 1.0}, bandwidth_bytes_s=1.0,
+                                 op_overhead_s=0.0)
+
+
 def _layer_records(
     graph: ModelGraph,
     ops: list[LayerOp],
     rule_names: list[str],
     saved: dict[int, int],
     workspace: dict[int, int],
+    costs: dict[int, Any] | None = None,
+    timed: bool = False,
 ) -> list[LayerRecord]:
     counted: set[int] = set()
     records = []
@@ -346,6 +367,8 @@ def _layer_records(
                 forward_macs=sum(p.macs for p in op.prims),
                 shared=call.shared,
                 rule=rule,
+                category=category_of(call.layer),
+                **_cost_fields(costs, op.index, timed),
             )
         )
     rest = [w for w in graph.variables if w.key not in counted]
@@ -358,9 +381,21 @@ def _layer_records(
                 trainable_params=sum(_elements(w) for w in rest if w.trainable),
                 weights_bytes=sum(round_up(w.nbytes) for w in rest),
                 activation_bytes=0, workspace_bytes=0, forward_macs=0, rule="",
+                forward_time_s=0.0 if timed else None, backward_time_s=0.0 if timed else None,
             )
         )
     return records
+
+
+def _cost_fields(costs: dict[int, Any] | None, index: int, timed: bool) -> dict[str, Any]:
+    if not costs or index not in costs:
+        return {"forward_time_s": 0.0 if timed else None,
+                "backward_time_s": 0.0 if timed else None}
+    c = costs[index]
+    return {"forward_flops": c.forward_flops, "backward_input_flops": c.backward_input_flops,
+            "backward_weight_flops": c.backward_weight_flops,
+            "forward_time_s": c.forward_time_s if timed else None,
+            "backward_time_s": c.backward_time_s if timed else None}
 
 
 def summary(

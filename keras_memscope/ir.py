@@ -42,7 +42,18 @@ class Prim:
             allocations (what a loop pushes one timestep at a time).
         grad_inplace: its input gradient may take over the buffer of its output
             gradient (element-wise gradients).
-        macs: multiply-accumulates of the forward op, whole batch.
+        macs: multiply-accumulates of the forward op, whole batch (matmuls,
+            convolutions); each input's gradient costs as many again.
+        flops: other floating-point operations of the forward op (pooling
+            compares, reductions, element-wise math); when neither ``macs``
+            nor ``flops`` is given, one per output element is assumed.
+        passes: how many times the op's kernels stream its data through
+            memory (a normalization's moments read the input twice and write a
+            temporary): multiplies its bytes moved, for the time model.
+        kernel: the kernel family for the time model: ``"matmul"``,
+            ``"conv"``, ``"reduce"``, or ``""`` (element-wise).
+        gemm_min_dim: for a matmul, its smallest dimension (rows, contraction
+            or columns): skinny matrix products run far below peak speed.
     """
 
     name: str
@@ -59,6 +70,10 @@ class Prim:
     output_pieces: tuple[tuple[str, int], ...] = ()
     grad_inplace: bool = False
     macs: int = 0
+    flops: int = 0
+    passes: float = 1.0
+    kernel: str = ""
+    gemm_min_dim: int = 0
 
     def grad_inputs(self) -> tuple[str, ...]:
         return self.inputs if self.differentiable is None else self.differentiable
@@ -119,3 +134,4 @@ class LayerOp:
     output_bytes: tuple[int, ...]
     prims: tuple[Prim, ...]
     weights: tuple[WeightUse, ...]
+    itemsize: int = 4  # bytes per element of the call's outputs

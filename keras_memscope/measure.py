@@ -201,3 +201,116 @@ def measure(
                             or os.environ.get(ENV_BFC, "").lower() == "true") else "default",
         in_subprocess=not in_process,
     )
+
+
+def _layer_of(op_name: str, names: dict[str, str]) -> str | None:
+    """The layer an op belongs to, from its name scope: the outermost scope
+    component that is a layer's name (Keras adds ``_1`` when it re-enters a
+    scope, so one numeric suffix is also tried)."""
+    import re
+
+    parts = op_name.split("/")
+    if parts and parts[0] == "gradient_tape":
+        parts = parts[1:]
+    for part in parts[1:]:
+        if part in names:
+            return names[part]
+        stripped = re.sub(r"_\d+$", "", part)
+        if stripped in names:
+            return names[stripped]
+    return None
+
+
+def profile_step(model: Any, batch_size: int, *, optimizer: Any = "adam", loss: Any = None,
+                 steps: int = 3, input_shape: Any = None) -> dict[str, Any]:
+    """Time real training steps with TensorFlow's profiler, in this process.
+
+    Returns ``{"step_s": median wall time of a step, "ops_s": summed op time
+    per step, "by_layer": {layer name: s}, "by_category": {category: s}}``,
+    ops attributed to layers through their name scopes; optimizer ops go to
+    ``"optimizer"``, the rest (loss, metrics) to ``"other"``.
+    """
+    import glob
+    import shutil
+    import statistics
+    import tempfile
+    import time
+
+    import numpy as np
+    import tensorflow as tf
+
+    from .graph import concrete_input_shapes
+    from .rules import category_of
+
+    specs = concrete_input_shapes(model, batch_size, input_shape)
+    rng = np.random.default_rng(0)
+    xs = [tf.constant(np.zeros(shape, dtype=dtype)) if dtype.startswith(("int", "uint"))
+          else tf.constant(rng.standard_normal(shape).astype(dtype)) for _, shape, dtype in specs]
+    x = xs[0] if len(xs) == 1 else xs
+    out_shape = tuple(model.outputs[0].shape) if getattr(model, "outputs", None) else None
+    loss = loss or (_default_loss(out_shape) if out_shape else "mse")
+    model.compile(optimizer=optimizer, loss=loss, jit_compile=False)
+    if "sparse" in str(loss):
+        y = tf.constant(np.zeros((batch_size, *out_shape[1:-1]), dtype="int32"))
+    else:
+        y = tf.constant(np.zeros((batch_size, *out_shape[1:]), dtype="float32"))
+    model.train_on_batch(x, y)
+    model.train_on_batch(x, y)
+    walls = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        model.train_on_batch(x, y)
+        walls.append(time.perf_counter() - t)
+    logdir = tempfile.mkdtemp(prefix="memscope-prof-")
+    try:
+        tf.profiler.experimental.start(logdir)
+        for _ in range(steps):
+            model.train_on_batch(x, y)
+        tf.profiler.experimental.stop()
+        path = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)[0]
+        ops = _op_durations(path)
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
+    layers = {layer.name: layer for layer in model._flatten_layers(include_self=False)}
+    names = {n: n for n in layers}
+    by_layer: dict[str, float] = {}
+    by_category: dict[str, float] = {}
+    opt_name = type(model.optimizer).__name__.lower()
+    for name, seconds in ops.items():
+        seconds /= steps
+        layer = _layer_of(name, names)
+        if layer is not None:
+            by_layer[layer] = by_layer.get(layer, 0.0) + seconds
+            cat = category_of(layers[layer])
+        elif name.split("/")[0].startswith((opt_name, "loss_scale")):
+            cat = "optimizer"
+        else:
+            cat = "other"
+        by_category[cat] = by_category.get(cat, 0.0) + seconds
+    return {"step_s": statistics.median(walls), "ops_s": sum(by_category.values()),
+            "by_layer": by_layer, "by_category": by_category}
+
+
+def _op_durations(path: str) -> dict[str, float]:
+    """Seconds per TensorFlow op name from a profiler XSpace file."""
+    try:
+        from tsl.profiler.protobuf import xplane_pb2
+    except ImportError:
+        from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    space = xplane_pb2.XSpace()
+    with open(path, "rb") as f:
+        space.ParseFromString(f.read())
+    out: dict[str, float] = {}
+    for plane in space.planes:
+        names = {k: v.name for k, v in plane.event_metadata.items()}
+        for line in plane.lines:
+            if not line.name.startswith("tf_Compute") and "Executor" not in line.name:
+                continue
+            for ev in line.events:
+                name = names.get(ev.metadata_id, "")
+                # ops are "name:Type"; executor bookkeeping is "Class::method"
+                if name.count(":") != 1:
+                    continue
+                op = name.rsplit(":", 1)[0]
+                out[op] = out.get(op, 0.0) + ev.duration_ps * 1e-12
+    return out

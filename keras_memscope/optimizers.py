@@ -40,6 +40,15 @@ _UPDATE_TEMPORARIES = {
 }
 _DEFAULT_TEMPORARIES = 2
 
+#: Element-wise kernels one variable's update runs (each reads and writes
+#: variable-sized data), from the same expression trees.
+_UPDATE_KERNELS = {
+    "SGD": 2, "SGD+momentum": 4, "SGD+nesterov": 6, "Adam": 12, "AdamW": 14, "Adamax": 10,
+    "Nadam": 16, "Lamb": 16, "Lion": 8, "RMSprop": 8, "Adagrad": 6, "Adadelta": 12,
+    "Ftrl": 16, "Adafactor": 16, "Muon": 16,
+}
+_DEFAULT_KERNELS = 10
+
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerState:
@@ -47,7 +56,8 @@ class OptimizerState:
 
     ``state_bytes`` is the sum of the optimizer's variables (allocator-rounded);
     ``update_temporaries`` the multiple of a variable's size its update
-    allocates; ``needs_all_gradients`` is True when the update cannot start
+    allocates; ``update_kernels`` the element-wise kernels it runs per
+    variable; ``needs_all_gradients`` is True when the update cannot start
     before every gradient exists (loss scaling checks all gradients for
     infinities, global-norm clipping needs their joint norm).
     """
@@ -56,6 +66,7 @@ class OptimizerState:
     description: str
     state_bytes: int
     update_temporaries: int
+    update_kernels: int
     needs_all_gradients: bool
     variables: tuple[tuple[str, tuple[int, ...], str], ...]
 
@@ -174,6 +185,7 @@ def optimizer_state(optimizer: Any, model: Any) -> OptimizerState:
         description=_describe(optimizer),
         state_bytes=total,
         update_temporaries=_UPDATE_TEMPORARIES.get(kind, _DEFAULT_TEMPORARIES),
+        update_kernels=_UPDATE_KERNELS.get(kind, _DEFAULT_KERNELS),
         needs_all_gradients=needs_all,
         variables=tuple(described),
     )

@@ -44,6 +44,24 @@ class LayerRecord:
     forward_macs: int
     shared: bool = False
     rule: str = ""
+    category: str = "other"
+    forward_flops: int = 0
+    backward_input_flops: int = 0
+    backward_weight_flops: int = 0
+    forward_time_s: float | None = None
+    backward_time_s: float | None = None
+
+    @property
+    def backward_flops(self) -> int:
+        """Gradient FLOPs: with respect to activations plus to weights."""
+        return self.backward_input_flops + self.backward_weight_flops
+
+    @property
+    def time_s(self) -> float | None:
+        """Estimated forward plus backward time (None without a timed device)."""
+        if self.forward_time_s is None or self.backward_time_s is None:
+            return None
+        return self.forward_time_s + self.backward_time_s
 
     @property
     def output_shape(self) -> Shape | tuple[Shape, ...]:
@@ -116,6 +134,9 @@ def _freeze_counts(value: Mapping[str, int] | None) -> Mapping[str, int]:
 class MemoryEstimate:
     """The predicted memory of one steady-state training step.
 
+    Compute: ``forward_flops`` and ``backward_flops`` (one multiply-accumulate
+    is two FLOPs), and with a device that has speeds, ``step_time_s``.
+
     The parts of the peak add up exactly::
 
         peak_bytes == weights_bytes + optimizer_bytes + input_bytes
@@ -154,6 +175,10 @@ class MemoryEstimate:
     timeline: tuple[TimelinePoint, ...] = ()
     peak_holders: tuple[Holder, ...] = ()
     notes: tuple[str, ...] = ()
+    forward_flops: int = 0
+    backward_flops: int = 0
+    update_time_s: float | None = None
+    timing_source: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "unsupported", _freeze_counts(self.unsupported))
@@ -179,6 +204,14 @@ class MemoryEstimate:
         )
 
     @property
+    def step_time_s(self) -> float | None:
+        """Estimated time of one training step (None without a timed device)."""
+        times = [r.time_s for r in self.layers]
+        if self.update_time_s is None or any(t is None for t in times):
+            return None
+        return sum(t for t in times if t is not None) + self.update_time_s
+
+    @property
     def total_bytes(self) -> int:
         """Allocator peak plus the runtime memory the allocator does not see."""
         return self.peak_bytes + self.overhead_bytes
@@ -197,6 +230,7 @@ class MemoryEstimate:
         data["persistent_bytes"] = self.persistent_bytes
         data["peak_bytes"] = self.peak_bytes
         data["total_bytes"] = self.total_bytes
+        data["step_time_s"] = self.step_time_s
         return data
 
     @classmethod

@@ -21,16 +21,21 @@ def _shape(shapes: tuple[tuple[int, ...], ...]) -> str:
 
 
 def layer_rows(est: MemoryEstimate) -> list[list[object]]:
+    step = est.step_time_s
     rows = []
     for r in est.layers:
-        rows.append([
+        row = [
             r.name + (" (shared)" if r.shared else ""),
             r.class_name,
             _shape(r.output_shapes),
             f"{r.params:,}",
             human_bytes(r.activation_bytes),
             human_count(r.forward_macs) if r.forward_macs else "",
-        ])
+            human_count(r.forward_flops + r.backward_flops) if r.forward_flops else "",
+        ]
+        if step:
+            row.append(f"{(r.time_s or 0.0) / step:.1%}")
+        rows.append(row)
     return rows
 
 
@@ -55,16 +60,22 @@ def render_summary(est: MemoryEstimate, *, max_holders: int = 5) -> str:
         f'Model "{est.model_name}"  batch {est.batch_size}  optimizer {est.optimizer}  '
         f"policy {est.dtype_policy}  device {est.device}  method {est.method}"
     )
-    table = tabulate(
-        layer_rows(est),
-        headers=["Layer", "Class", "Output shape", "Params", "Kept for backward", "Fwd MACs"],
-        tablefmt="simple",
-        disable_numparse=True,
-    )
+    headers = ["Layer", "Class", "Output shape", "Params", "Kept for backward", "Fwd MACs",
+               "Fwd+bwd FLOPs"]
+    if est.step_time_s:
+        headers.append("% time")
+    table = tabulate(layer_rows(est), headers=headers, tablefmt="simple",
+                     disable_numparse=True)
     totals = tabulate(totals_rows(est), tablefmt="plain", colalign=("left", "right"))
+    time_line = (f"Step time on {est.device}: {est.step_time_s:.3g} s" if est.step_time_s
+                 else f"No step time: device {est.device!r} has no speeds "
+                      "(name a GPU, or run memscope.calibrate('cpu') first)")
     lines = [head, table, "",
              f"Params: {est.params:,} ({est.trainable_params:,} trainable)   "
-             f"Forward MACs: {human_count(est.forward_macs)}",
+             f"Forward MACs: {human_count(est.forward_macs)}   FLOPs: forward "
+             f"{human_count(est.forward_flops)}, backward {human_count(est.backward_flops)} "
+             "(1 MAC = 2 FLOPs)",
+             time_line, "", render_breakdown(est),
              f"Saved activations at the end of the forward pass: "
              f"{human_bytes(est.saved_activations_bytes)}",
              "", totals, "", f"Peak during the {est.peak_phase} phase; largest holders:"]
@@ -138,3 +149,41 @@ def render_devices(catalogue: list[Any], local: list[Any]) -> str:
         "", "This machine:", tabulate([row(p) for p in local], headers=head, tablefmt="simple",
                                       disable_numparse=True),
     ])
+
+
+def category_breakdown(est: MemoryEstimate) -> list[dict[str, Any]]:
+    """Per layer family: share of parameters, FLOPs and time (the optimizer's
+    update is its own row); rows sum to 1 in each column."""
+    from .rules import CATEGORIES
+
+    params = {c: 0 for c in CATEGORIES}
+    flops = {c: 0 for c in CATEGORIES}
+    times = {c: 0.0 for c in CATEGORIES}
+    for r in est.layers:
+        cat = r.category if r.category in params else "other"
+        params[cat] += r.params
+        flops[cat] += r.forward_flops + r.backward_flops
+        times[cat] += r.time_s or 0.0
+    rows = []
+    total_p = sum(params.values()) or 1
+    total_f = sum(flops.values()) or 1
+    timed = est.step_time_s is not None
+    total_t = (est.step_time_s or 0.0) or 1.0
+    for cat in CATEGORIES:
+        if not (params[cat] or flops[cat] or times[cat]):
+            continue
+        rows.append({"category": cat, "param_share": params[cat] / total_p,
+                     "flop_share": flops[cat] / total_f,
+                     "time_share": times[cat] / total_t if timed else None})
+    if timed:
+        rows.append({"category": "optimizer", "param_share": 0.0, "flop_share": 0.0,
+                     "time_share": (est.update_time_s or 0.0) / total_t})
+    return rows
+
+
+def render_breakdown(est: MemoryEstimate) -> str:
+    rows = [[r["category"], f"{r['param_share']:.1%}", f"{r['flop_share']:.1%}",
+             "" if r["time_share"] is None else f"{r['time_share']:.1%}"]
+            for r in category_breakdown(est)]
+    return tabulate(rows, headers=["family", "% params", "% FLOPs", "% time"],
+                    tablefmt="simple", disable_numparse=True)

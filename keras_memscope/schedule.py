@@ -49,6 +49,27 @@ class LossSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class PrimCost:
+    """The work of one prim: FLOPs and bytes moved, forward and backward.
+
+    Backward FLOPs are split into the gradients with respect to activations
+    (``input``) and to weights (``weight``); a prim with multiply-accumulates
+    costs ``2 x macs`` FLOPs per wanted gradient, an element-wise prim its
+    forward FLOPs per wanted gradient.
+    """
+
+    layer_index: int
+    forward_flops: int
+    forward_bytes: int
+    backward_input_flops: int
+    backward_weight_flops: int
+    backward_bytes: int
+    macs: int
+    kernel: str = ""
+    gemm_min_dim: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class StepResult:
     """What the simulation found (bytes above ``baseline_bytes`` unless said)."""
 
@@ -64,6 +85,7 @@ class StepResult:
     layer_workspace_bytes: dict[int, int]
     timeline: tuple[TimelinePoint, ...]
     holders: tuple[Holder, ...]
+    costs: tuple[PrimCost, ...] = ()
 
 
 @dataclasses.dataclass
@@ -456,7 +478,35 @@ def simulate(
         layer_workspace_bytes=dict(layer_workspace),
         timeline=tuple(sim.timeline),
         holders=holders_at_peak,
+        costs=tuple(_costs(flats, tensor_bytes, weight_of)),
     )
+
+
+def _costs(flats: list[_Flat], tensor_bytes: dict[int, int],
+           weight_of: dict[int, int]) -> list[PrimCost]:
+    out = []
+    for f in flats:
+        p = f.prim
+        if p.alias:
+            out.append(PrimCost(f.op.index, 0, 0, 0, 0, 0, 0))
+            continue
+        out_bytes = sum(b for _, b in p.outputs)
+        elements = out_bytes // max(f.op.itemsize, 1)
+        fwd = 2 * p.macs + (p.flops if (p.flops or p.macs) else elements)
+        fwd_bytes = int(p.passes * (sum(tensor_bytes.get(t, 0) for t in f.ins) + out_bytes))
+        per_grad = 2 * p.macs if p.macs else (p.flops or elements)
+        bwd_in = bwd_w = bwd_bytes = 0
+        if f.needs_backward:
+            for t in f.input_grads:
+                if t in weight_of:
+                    bwd_w += per_grad
+                else:
+                    bwd_in += per_grad
+            bwd_bytes = int(p.passes * (out_bytes + sum(tensor_bytes.get(t, 0) for t in f.saved)
+                                        + sum(tensor_bytes.get(t, 0) for t in f.input_grads)))
+        out.append(PrimCost(f.op.index, fwd, fwd_bytes, bwd_in, bwd_w, bwd_bytes, p.macs,
+                            p.kernel, p.gemm_min_dim))
+    return out
 
 
 def _resolve_saves(f: _Flat, wants: tuple[int, ...]) -> tuple[int, ...]:

@@ -16,7 +16,8 @@ from typing import Any
 from .base import OUT, Builder, Rule, activation_name, apply_activation
 
 __all__ = ["OUT", "Builder", "Rule", "RuleSet", "DEFAULT_RULES", "register",
-           "current_rules", "using", "activation_name", "apply_activation"]
+           "current_rules", "using", "activation_name", "apply_activation", "category_of",
+           "CATEGORIES"]
 
 
 class RuleSet:
@@ -98,6 +99,38 @@ def using(rules: RuleSet) -> Iterator[RuleSet]:
         yield rules
     finally:
         _CURRENT.reset(token)
+
+
+CATEGORIES = ("conv", "dense", "norm", "pool", "recurrent", "attention", "other")
+
+
+def category_of(layer: Any) -> str:
+    """The layer's family for time and parameter breakdowns."""
+    import keras
+
+    L = keras.layers
+    if layer is None:
+        return "other"
+    if isinstance(layer, L.TimeDistributed):
+        return category_of(layer.layer)
+    groups = [
+        ("attention", ("MultiHeadAttention", "Attention", "AdditiveAttention",
+                       "GroupQueryAttention")),
+        ("recurrent", ("RNN", "Bidirectional", "SimpleRNN", "LSTM", "GRU", "ConvLSTM1D",
+                       "ConvLSTM2D", "ConvLSTM3D")),
+        ("conv", ("Conv1D", "Conv2D", "Conv3D", "Conv1DTranspose", "Conv2DTranspose",
+                  "Conv3DTranspose", "DepthwiseConv1D", "DepthwiseConv2D", "SeparableConv1D",
+                  "SeparableConv2D")),
+        ("dense", ("Dense", "EinsumDense")),
+        ("norm", ("BatchNormalization", "LayerNormalization", "GroupNormalization",
+                  "UnitNormalization", "RMSNormalization", "SpectralNormalization")),
+        ("pool", tuple(n for n in dir(L) if "Pooling" in n)),
+    ]
+    for name, classes in groups:
+        types = tuple(getattr(L, c) for c in classes if isinstance(getattr(L, c, None), type))
+        if isinstance(layer, types):
+            return name
+    return "other"
 
 
 def _load_defaults() -> None:

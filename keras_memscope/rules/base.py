@@ -99,6 +99,10 @@ def _rename(p: Prim, names: dict[str, str]) -> Prim:
         output_pieces=tuple((r(k), v) for k, v in p.output_pieces),
         grad_inplace=p.grad_inplace,
         macs=p.macs,
+        flops=p.flops,
+        passes=p.passes,
+        kernel=p.kernel,
+        gemm_min_dim=p.gemm_min_dim,
     )
 
 

@@ -146,7 +146,7 @@ def separable(call: CallRecord) -> list[Prim]:
     dw = read_weight(b, weight_ref(call, "depthwise_kernel"), dtype)
     mid = b.add1("depthwise_conv", ["in0", dw], mid_bytes,
                  save_for={"in0": (dw,), dw: ("in0",)},
-                 macs=mid_elements * math.prod(dk[:-2]))
+                 macs=mid_elements * math.prod(dk[:-2]), kernel="conv")
     z = linear_prims(b, mid, weight_ref(call, "pointwise_kernel"), weight_ref(call, "bias"),
                      out.nbytes, math.prod(out.shape) * mid_channels, dtype,
                      name="pointwise_conv")

@@ -28,13 +28,16 @@ def linear_prims(
     macs: int,
     dtype: str,
     name: str = "matmul",
+    gemm_min_dim: int = 0,
 ) -> str:
     """``x @ kernel + bias``: the matmul keeps x for the kernel gradient and the
     kernel for the input gradient; the bias add keeps nothing and runs in place."""
     k = read_weight(b, kernel, dtype)
     if k is None:
         raise ValueError(f"{b.call.class_name} {b.call.name!r} has no kernel weight")
-    z = b.add1(name, [x, k], out_bytes, save_for={x: (k,), k: (x,)}, macs=macs)
+    family = "conv" if "conv" in name else "matmul"
+    z = b.add1(name, [x, k], out_bytes, save_for={x: (k,), k: (x,)}, macs=macs, kernel=family,
+               gemm_min_dim=gemm_min_dim)
     if bias is not None:
         bb = read_weight(b, bias, dtype)
         z = b.add1("bias_add", [z, bb], out_bytes, inplace=[z], grad_inplace=True)
@@ -49,8 +52,9 @@ def dense(call: CallRecord) -> list[Prim]:
     in_features = x.shape[-1]
     macs = math.prod(out.shape) * in_features
     dtype = compute_dtype(call)
+    rows = math.prod(x.shape[:-1])
     z = linear_prims(b, "in0", weight_ref(call, "kernel"), weight_ref(call, "bias"),
-                     out.nbytes, macs, dtype)
+                     out.nbytes, macs, dtype, gemm_min_dim=min(rows, in_features, out.shape[-1]))
     z = apply_activation(b, activation_name(getattr(call.layer, "activation", None)), z,
                          out.nbytes)
     return b.finish([z])
@@ -79,8 +83,13 @@ def einsum_dense(call: CallRecord) -> list[Prim]:
     kshape = tuple(call.layer.kernel.shape)
     macs = einsum_macs(call.layer.equation, [call.inputs[0].shape, kshape])
     out = call.outputs[0]
+    # as a matmul: rows = the input's elements per contracted vector
+    contracted = max(1, macs // max(math.prod(out.shape), 1))
+    rows = max(1, math.prod(call.inputs[0].shape) // contracted)
+    cols = max(1, math.prod(out.shape) // rows)
     z = linear_prims(b, "in0", kernel, weight_ref(call, "bias"), out.nbytes, macs,
-                     compute_dtype(call), name="einsum")
+                     compute_dtype(call), name="einsum",
+                     gemm_min_dim=min(rows, contracted, cols))
     z = apply_activation(b, activation_name(getattr(call.layer, "activation", None)), z,
                          out.nbytes)
     return b.finish([z])

@@ -50,14 +50,19 @@ def batch_norm(call: CallRecord) -> list[Prim]:
     channels = shape[axis]
     params = [r for r in (weight_ref(call, "gamma"), weight_ref(call, "beta")) if r]
     if getattr(layer, "trainable", True):
+        # mean, squared difference, mean: the input streams twice and a
+        # temporary of its size once each way
         stats = b.add1("moments", [x], _stats_bytes(call, channels),
                        save_for={x: (x,)}, forward_workspace_bytes=n32,
-                       backward_workspace_bytes=n32)
+                       backward_workspace_bytes=n32, passes=3, flops=3 * n32 // 4,
+                       kernel="reduce")
         save_for = {x: (stats,), stats: (x,)}
         for p in params:
             save_for[p] = (x, stats)
+        # x * inv, then + shift in place
         z = b.add1("normalize", [x, stats, *params], n32, save_for=save_for,
-                   backward_workspace_bytes=n32, grad_inplace=True)
+                   backward_workspace_bytes=n32, grad_inplace=True, passes=2,
+                   flops=2 * n32 // 4)
     else:
         z = b.add1("normalize", [x], n32, inplace=[x], grad_inplace=True)
     return b.finish([_cast_back(b, call, z, n32)])
@@ -80,13 +85,16 @@ def layer_norm(call: CallRecord) -> list[Prim]:
     rows = math.prod(call.inputs[0].shape) // max(_norm_axes_elements(call), 1)
     params = [r for r in (weight_ref(call, "gamma"), weight_ref(call, "beta")) if r]
     stats = b.add1("moments", [x], rows * 8, save_for={x: (x,)},
-                   forward_workspace_bytes=n32, backward_workspace_bytes=n32)
+                   forward_workspace_bytes=n32, backward_workspace_bytes=n32, passes=3,
+                   flops=3 * n32 // 4)
     save_for = {x: (stats,), stats: (x,)}
     for p in params:
         save_for[p] = (x, stats)
+    # x * inv + (beta - mean * inv) with the shift broadcast to x's size
     z = b.add1("normalize", [x, stats, *params], n32, save_for=save_for,
                forward_workspace_bytes=n32, backward_workspace_bytes=n32,
-               grad_inplace=True)
+               grad_inplace=True, passes=3, flops=3 * n32 // 4,
+                       kernel="reduce")
     return b.finish([_cast_back(b, call, z, n32)])
 
 
@@ -101,7 +109,8 @@ def group_norm(call: CallRecord) -> list[Prim]:
     batch = call.inputs[0].shape[0]
     params = [r for r in (weight_ref(call, "gamma"), weight_ref(call, "beta")) if r]
     stats = b.add1("moments", [x], batch * groups * 8, save_for={x: (x,)},
-                   forward_workspace_bytes=n32, backward_workspace_bytes=n32)
+                   forward_workspace_bytes=n32, backward_workspace_bytes=n32, passes=3,
+                   flops=3 * n32 // 4)
     normed = b.add1("normalize", [x, stats], n32, save_for={x: (stats,), stats: (x,)},
                     backward_workspace_bytes=n32)
     z = normed

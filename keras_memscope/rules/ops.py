@@ -81,7 +81,7 @@ def op_copy(call: CallRecord) -> list[Prim]:
 def op_reduce(call: CallRecord) -> list[Prim]:
     """Mean/sum: the gradient broadcasts back; nothing kept."""
     b = Builder(call)
-    z = b.add1("reduce", ["in0"], call.outputs[0].nbytes, macs=math.prod(call.inputs[0].shape))
+    z = b.add1("reduce", ["in0"], call.outputs[0].nbytes, flops=math.prod(call.inputs[0].shape))
     return b.finish([z])
 
 

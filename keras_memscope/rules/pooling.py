@@ -29,21 +29,21 @@ def _window(call: CallRecord) -> int:
 @register(*_MAX)
 def max_pool(call: CallRecord) -> list[Prim]:
     """MaxPooling: keeps input and output; TensorFlow's MaxPoolGrad also
-    allocates a temporary the size of the pooled output. MACs-equivalent: one
-    compare per window element of every output."""
+    allocates a temporary the size of the pooled output. FLOPs: one compare
+    per window element of every output."""
     b = Builder(call)
     z = b.add1("max_pool", ["in0"], call.outputs[0].nbytes, save_for={"in0": ("in0", OUT)},
-               macs=math.prod(call.outputs[0].shape) * _window(call),
+               flops=math.prod(call.outputs[0].shape) * _window(call),
                backward_workspace_bytes=call.outputs[0].nbytes)
     return b.finish([z])
 
 
 @register(*_AVG)
 def avg_pool(call: CallRecord) -> list[Prim]:
-    """AveragePooling: keeps nothing; one add per window element."""
+    """AveragePooling: keeps nothing; FLOPs: one add per window element."""
     b = Builder(call)
     z = b.add1("avg_pool", ["in0"], call.outputs[0].nbytes,
-               macs=math.prod(call.outputs[0].shape) * _window(call))
+               flops=math.prod(call.outputs[0].shape) * _window(call))
     return b.finish([z])
 
 
@@ -52,7 +52,7 @@ def global_max_pool(call: CallRecord) -> list[Prim]:
     """GlobalMaxPooling: ``reduce_max``, whose gradient reads input and output."""
     b = Builder(call)
     z = b.add1("reduce_max", ["in0"], call.outputs[0].nbytes,
-               save_for={"in0": ("in0", OUT)}, macs=math.prod(call.inputs[0].shape),
+               save_for={"in0": ("in0", OUT)}, flops=math.prod(call.inputs[0].shape),
                backward_workspace_bytes=call.inputs[0].nbytes)
     return b.finish([z])
 
@@ -62,5 +62,5 @@ def global_avg_pool(call: CallRecord) -> list[Prim]:
     """GlobalAveragePooling: ``reduce_mean``; its gradient broadcasts back."""
     b = Builder(call)
     z = b.add1("reduce_mean", ["in0"], call.outputs[0].nbytes,
-               macs=math.prod(call.inputs[0].shape))
+               flops=math.prod(call.inputs[0].shape))
     return b.finish([z])

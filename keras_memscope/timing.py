@@ -1,0 +1,293 @@
+"""Where training time goes: a roofline per operation, and calibration.
+
+Each primitive op of the simulated step takes ``max(FLOPs / peak FLOP/s,
+bytes moved / bandwidth) + a fixed per-op overhead``; the backward pass runs
+one gradient kernel per wanted gradient. The optimizer update of each weight
+reads and writes the weight, its gradient and its slots. Ops run one after
+the other (the model does not credit TensorFlow's inter-op parallelism).
+
+``calibrate`` measures this machine's device instead of trusting a datasheet:
+a large float32 matmul and a 3x3 convolution for FLOP/s, an element-wise add
+over 128 MiB arrays for bandwidth, and a chain of tiny ops for the per-op
+overhead. One multiply-accumulate (MAC) is two FLOPs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from .devices import DeviceProfile, get_device, register_calibration
+from .schedule import PrimCost
+
+#: Per-op overhead assumed for GPUs when not calibrated: TensorFlow's executor
+#: dispatch plus a kernel launch.
+GPU_OP_OVERHEAD_S = 10e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerTime:
+    forward_flops: int
+    backward_input_flops: int
+    backward_weight_flops: int
+    forward_time_s: float
+    backward_time_s: float
+    bytes_moved: int
+
+
+def has_timing(profile: DeviceProfile) -> bool:
+    return bool(profile.peak_flops) and bool(profile.bandwidth_bytes_s)
+
+
+def _peak(profile: DeviceProfile, dtype: str) -> float:
+    flops = profile.peak_flops
+    if dtype in flops:
+        return float(flops[dtype])
+    return float(flops.get("float32", max(flops.values())))
+
+
+def _overhead(profile: DeviceProfile) -> float:
+    if profile.op_overhead_s is not None:
+        return profile.op_overhead_s
+    return GPU_OP_OVERHEAD_S if profile.kind == "gpu" else 0.0
+
+
+def _bandwidth(profile: DeviceProfile, nbytes: float, kernels: int) -> float:
+    """Bytes per second for an op moving ``nbytes``: the cache's bandwidth when
+    one kernel's data fits the last-level cache, the memory's otherwise."""
+    per_kernel = nbytes / max(kernels, 1)
+    if (profile.cache_bytes and profile.cache_bandwidth_bytes_s
+            and per_kernel <= profile.cache_bytes):
+        return float(profile.cache_bandwidth_bytes_s)
+    return float(profile.bandwidth_bytes_s or 1)
+
+
+_GEMM_SIZES = (16, 64, 256, 2048)
+
+
+def matmul_rate(profile: DeviceProfile, min_dim: int) -> float | None:
+    """Calibrated FLOP/s of a matmul whose smallest dimension is ``min_dim``,
+    interpolated in log-space between the calibrated shapes."""
+    import math
+
+    points = [(n, profile.rates[f"matmul@{n}"]) for n in _GEMM_SIZES
+              if f"matmul@{n}" in profile.rates]
+    if not points or min_dim <= 0:
+        return profile.rates.get("matmul")
+    if min_dim <= points[0][0]:
+        return points[0][1] * min_dim / points[0][0]
+    for (n0, r0), (n1, r1) in zip(points, points[1:]):
+        if min_dim <= n1:
+            t = (math.log(min_dim) - math.log(n0)) / (math.log(n1) - math.log(n0))
+            return math.exp(math.log(r0) + t * (math.log(r1) - math.log(r0)))
+    return points[-1][1]
+
+
+def op_time(flops: float, nbytes: float, profile: DeviceProfile, dtype: str = "float32",
+            kernels: int = 1, family: str = "", min_dim: int = 0) -> float:
+    """Roofline time of ``kernels`` kernels doing ``flops`` and moving ``nbytes``.
+
+    ``family`` picks a calibrated rate (``profile.rates``) for the compute
+    part, and for ``"reduce"`` the bandwidth of reductions across the batch.
+    """
+    if kernels <= 0:
+        return 0.0
+    if family == "matmul":
+        rate = matmul_rate(profile, min_dim)
+    else:
+        rate = profile.rates.get(family) if family and family != "reduce" else None
+    peak = _peak(profile, dtype)
+    compute = flops / (min(rate, peak) if rate and dtype == "float32" else peak)
+    memory = nbytes / _bandwidth(profile, nbytes, kernels)
+    if family == "reduce" and "reduce" in profile.rates:
+        memory = max(memory, nbytes / profile.rates["reduce"])
+    return max(compute, memory) + kernels * _overhead(profile)
+
+
+def layer_times(costs: Iterable[PrimCost], profile: DeviceProfile,
+                dtypes: dict[int, str]) -> dict[int, LayerTime]:
+    """Sum the prims of each layer call (by layer index) into FLOPs and times."""
+    acc: dict[int, list[float]] = {}
+    for c in costs:
+        a = acc.setdefault(c.layer_index, [0, 0, 0, 0.0, 0.0, 0])
+        dtype = dtypes.get(c.layer_index, "float32")
+        a[0] += c.forward_flops
+        a[1] += c.backward_input_flops
+        a[2] += c.backward_weight_flops
+        a[5] += c.forward_bytes + c.backward_bytes
+        if not c.forward_flops and not c.forward_bytes:
+            continue  # a view: no kernel runs
+        a[3] += op_time(c.forward_flops, c.forward_bytes, profile, dtype, family=c.kernel,
+                        min_dim=c.gemm_min_dim)
+        bwd_flops = c.backward_input_flops + c.backward_weight_flops
+        if not (bwd_flops or c.backward_bytes):
+            continue
+        if c.kernel == "conv" and bwd_flops:
+            # the two gradient kernels have their own speeds; each moves its share
+            for part, family in ((c.backward_input_flops, "conv_input_grad"),
+                                 (c.backward_weight_flops, "conv_filter_grad")):
+                if part:
+                    a[4] += op_time(part, c.backward_bytes * part / bwd_flops, profile,
+                                    dtype, family=family)
+        else:
+            kernels = (c.backward_input_flops > 0) + (c.backward_weight_flops > 0)
+            a[4] += op_time(bwd_flops, c.backward_bytes, profile, dtype, max(kernels, 1),
+                            family=c.kernel, min_dim=c.gemm_min_dim)
+    return {k: LayerTime(int(v[0]), int(v[1]), int(v[2]), v[3], v[4], int(v[5]))
+            for k, v in acc.items()}
+
+
+def update_time(variable_bytes: Iterable[int], kernels_per_variable: int,
+                profile: DeviceProfile) -> float:
+    """The optimizer's updates: for each trainable variable, that many
+    element-wise kernels, each reading and writing variable-sized data."""
+    total = 0.0
+    for nbytes in variable_bytes:
+        moved = 2 * nbytes * kernels_per_variable
+        flops = kernels_per_variable * nbytes // 4
+        total += op_time(flops, moved, profile, "float32", kernels=kernels_per_variable)
+    return total
+
+
+# --- calibration ---------------------------------------------------------------
+
+
+def _last_level_cache_bytes() -> int:
+    from pathlib import Path
+
+    best = 8 << 20
+    try:
+        for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+            text = (index / "size").read_text().strip().upper()
+            scale = {"K": 1024, "M": 1024**2}.get(text[-1:], 1)
+            best = max(best, int(text.rstrip("KM")) * scale)
+    except (OSError, ValueError):
+        pass
+    return best
+
+
+def _best_time(fn: Any, repeats: int) -> float:
+    fn()  # warm-up (traces)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def calibrate(device: str | DeviceProfile = "cpu", *, repeats: int = 5) -> DeviceProfile:
+    """Measure this machine's FLOP/s, bandwidth and per-op overhead.
+
+    Returns the device's profile with the measured figures; later
+    ``get_device("cpu")`` (or ``"gpu"``) in this process returns it too, so
+    ``estimate(..., device="cpu")`` reports calibrated times. Takes a few
+    seconds.
+    """
+    import tensorflow as tf
+
+    profile = get_device(device)
+    if profile.kind == "gpu" and not tf.config.list_physical_devices("GPU"):
+        raise ValueError("no GPU on this machine to calibrate; calibrate device='cpu', or use "
+                         "a catalogue GPU profile (datasheet figures)")
+    dev = "/GPU:0" if profile.kind == "gpu" else "/CPU:0"
+    with tf.device(dev):
+        n = 2048
+        a = tf.random.normal((n, n))
+        b = tf.random.normal((n, n))
+        # each function returns one element, so that reading it waits for the
+        # work without copying a large result
+        mm = tf.function(lambda: tf.matmul(a, b)[0, 0])
+        t_mm = _best_time(lambda: mm().numpy(), repeats)
+        skinny = {}
+        for m in _GEMM_SIZES[:-1]:
+            left = tf.random.normal((m, n))
+            f = tf.function(lambda left=left: tf.matmul(left, b)[0, 0])
+            skinny[m] = 2 * m * n * n / _best_time(lambda f=f: f().numpy(), repeats)
+        x = tf.random.normal((16, 56, 56, 64))
+        k = tf.random.normal((3, 3, 64, 64))
+        conv = tf.function(lambda: tf.nn.conv2d(x, k, 1, "SAME")[0, 0, 0, 0])
+        t_conv = _best_time(lambda: conv().numpy(), repeats)
+        g = tf.random.normal((16, 56, 56, 64))
+        filt = tf.function(lambda: tf.raw_ops.Conv2DBackpropFilter(
+            input=x, filter_sizes=[3, 3, 64, 64], out_backprop=g, strides=[1, 1, 1, 1],
+            padding="SAME")[0, 0, 0, 0])
+        t_filt = _best_time(lambda: filt().numpy(), repeats)
+        inp = tf.function(lambda: tf.raw_ops.Conv2DBackpropInput(
+            input_sizes=[16, 56, 56, 64], filter=k, out_backprop=g, strides=[1, 1, 1, 1],
+            padding="SAME")[0, 0, 0, 0])
+        t_inp = _best_time(lambda: inp().numpy(), repeats)
+        r = tf.random.normal((8, 112, 112, 64))
+        red = tf.function(lambda: tf.reduce_mean(r, axis=[0, 1, 2])[0])
+        t_red = _best_time(lambda: red().numpy(), repeats)
+        # chained adds write in place (TensorFlow forwards the buffer), as a
+        # training step does once its allocator has warmed up: no page faults
+        big = 32 * 1024 * 1024
+        u = tf.random.normal((big,))
+        v = tf.random.normal((big,))
+
+        @tf.function
+        def big_adds() -> Any:
+            y = u + v
+            for _ in range(9):
+                y = y + v
+            return y[0]
+
+        t_add = _best_time(lambda: big_adds().numpy(), repeats) / 10
+        # the same over arrays that stay in the last-level cache, many times
+        cache = _last_level_cache_bytes()
+        small_n = max(1024, cache // 4 // 4 // 4)  # three arrays in a quarter of it
+        us = tf.random.normal((small_n,))
+        vs = tf.random.normal((small_n,))
+
+        @tf.function
+        def cached_adds() -> Any:
+            y = us
+            for _ in range(50):
+                y = y + vs
+            return y[0]
+
+        t_cached = _best_time(lambda: cached_adds().numpy(), repeats)
+
+        small = tf.random.normal((8,))
+
+        @tf.function
+        def chain() -> Any:
+            y = small
+            for _ in range(200):
+                y = y + 1.0
+            return y
+
+        t_chain = _best_time(lambda: chain().numpy(), repeats)
+    matmul_flops = 2 * n**3 / t_mm
+    conv_work = 2 * 16 * 56 * 56 * 64 * (3 * 3 * 64)
+    conv_flops = conv_work / t_conv
+    rates = {"matmul": matmul_flops, "conv": conv_flops,
+             "conv_filter_grad": conv_work / t_filt, "conv_input_grad": conv_work / t_inp,
+             "reduce": 8 * 112 * 112 * 64 * 4 / t_red,
+             **{f"matmul@{m}": r for m, r in skinny.items()}, f"matmul@{n}": matmul_flops}
+    bandwidth = 3 * big * 4 / t_add
+    overhead = t_chain / 200
+    cache_bandwidth = max(bandwidth, 50 * 3 * small_n * 4 / max(t_cached - 50 * overhead, 1e-9))
+    flops = {"float32": max(matmul_flops, conv_flops)}
+    calibrated = dataclasses.replace(
+        profile,
+        peak_flops={**profile.peak_flops, **flops},
+        bandwidth_bytes_s=bandwidth,
+        cache_bytes=cache if profile.kind == "cpu" else None,
+        cache_bandwidth_bytes_s=cache_bandwidth if profile.kind == "cpu" else None,
+        op_overhead_s=overhead,
+        rates=rates,
+        source=(f"calibrated on this machine: matmul {matmul_flops / 1e9:.1f} GFLOP/s, 3x3 "
+                f"conv {conv_flops / 1e9:.1f} (filter gradient "
+                f"{rates['conv_filter_grad'] / 1e9:.1f}, input gradient "
+                f"{rates['conv_input_grad'] / 1e9:.1f}) GFLOP/s, reductions over the batch "
+                f"{rates['reduce'] / 1e9:.1f} GB/s, element-wise "
+                f"{bandwidth / 1e9:.1f} GB/s ({cache_bandwidth / 1e9:.1f} GB/s within the "
+                f"{cache >> 20} MiB cache), {overhead * 1e6:.1f} us per op; "
+                + profile.source),
+    )
+    register_calibration(calibrated)
+    return calibrated

@@ -1,0 +1,120 @@
+"""FLOPs with the formulas written out, TensorFlow's own count, the time model."""
+
+import math
+
+import keras
+import pytest
+import tensorflow as tf
+from keras import layers
+
+import keras_memscope as memscope
+from keras_memscope.report import category_breakdown
+
+
+def est(model, batch=2, **kw):
+    kw.setdefault("optimizer", "sgd")
+    kw.setdefault("device", "a100-40gb")
+    return memscope.estimate(model, batch, **kw)
+
+
+def by_name(e):
+    return {r.name: r for r in e.layers}
+
+
+def test_dense_forward_and_backward_flops():
+    model = keras.Sequential([keras.Input((30,)), layers.Dense(20, name="d1"),
+                              layers.Dense(5, name="d2")])
+    r = by_name(est(model, 8))
+    macs = 8 * 30 * 20
+    assert r["d1"].forward_macs == macs
+    # matmul (2 x MACs) plus the bias add, one FLOP per output element
+    assert r["d1"].forward_flops == 2 * macs + 8 * 20
+    # the first layer's input needs no gradient: no 2 x MACs for it, only the
+    # bias add's gradient pass to the matmul output (one per element) ...
+    assert r["d1"].backward_input_flops == 8 * 20
+    # ... and the kernel (2 x MACs) and bias (one per element) gradients
+    assert r["d1"].backward_weight_flops == 2 * macs + 8 * 20
+    assert r["d2"].backward_input_flops == 2 * (8 * 20 * 5) + 8 * 5
+
+
+def test_conv_family_macs():
+    x = keras.Input((16, 16, 8))
+    a = layers.DepthwiseConv2D(3, padding="same", name="dw")(x)
+    b = layers.SeparableConv2D(12, 3, padding="same", name="sep")(a)
+    c = layers.Conv2DTranspose(4, 3, strides=2, padding="same", name="tr")(b)
+    d = layers.Conv2D(6, 3, strides=2, groups=2, name="grouped")(c)
+    r = by_name(est(keras.Model(x, d), 1))
+    # depthwise: out elements x k_h x k_w
+    assert r["dw"].forward_macs == 16 * 16 * 8 * 3 * 3
+    # separable: depthwise (16x16x8 x 9) + pointwise (16x16x12 x 8)
+    assert r["sep"].forward_macs == 16 * 16 * 8 * 9 + 16 * 16 * 12 * 8
+    # transposed: every input element through the kernel: 16x16x12 x (3x3x4)
+    assert r["tr"].forward_macs == 16 * 16 * 12 * 3 * 3 * 4
+    # grouped, strided: out elements x k_h x k_w x (in / groups); out 15x15x6
+    assert r["grouped"].output_shapes == ((1, 15, 15, 6),)
+    assert r["grouped"].forward_macs == 15 * 15 * 6 * 3 * 3 * (4 // 2)
+
+
+def test_lstm_over_time_steps():
+    t, d, u = 12, 5, 7
+    model = keras.Sequential([keras.Input((t, d)), layers.LSTM(u, name="lstm")])
+    r = by_name(est(model, 3))
+    # per step: [x_t, h] (d + u) times the four gates' kernels (4u)
+    assert r["lstm"].forward_macs == t * 3 * (d + u) * 4 * u
+
+
+def test_attention_with_sequence_length():
+    length, width, heads, key_dim = 10, 16, 2, 8
+    x = keras.Input((length, width))
+    y = layers.MultiHeadAttention(heads, key_dim, name="mha")(x, x)
+    r = by_name(est(keras.Model(x, y), 1))
+    projections = 3 * length * width * heads * key_dim + length * heads * key_dim * width
+    scores_and_context = heads * length * length * (key_dim + key_dim)
+    assert r["mha"].forward_macs == projections + scores_and_context
+
+
+def test_forward_flops_equal_tensorflows_count():
+    """TensorFlow's own FLOP statistics for the traced forward graph's
+    convolutions and matmuls equal 2 x the MACs of the conv and dense layers."""
+    from tensorflow.python.framework import ops
+
+    inputs = keras.Input((24, 24, 3))
+    h = layers.Conv2D(8, 3, activation="relu")(inputs)
+    h = layers.Conv2D(16, 3, strides=2)(h)
+    h = layers.Flatten()(h)
+    out = layers.Dense(10)(layers.Dense(32, activation="relu")(h))
+    model = keras.Model(inputs, out)
+    graph = tf.function(lambda x: model(x, training=True)).get_concrete_function(
+        tf.TensorSpec((4, 24, 24, 3))).graph
+    tf_flops = sum(ops.get_stats_for_node_def(graph, op.node_def, "flops").value or 0
+                   for op in graph.get_operations() if op.type in ("Conv2D", "MatMul"))
+    e = est(model, 4)
+    ours = sum(2 * r.forward_macs for r in e.layers if r.category in ("conv", "dense"))
+    assert tf_flops == ours
+
+
+def test_time_model_and_breakdown():
+    model = keras.Sequential([keras.Input((32, 32, 3)), layers.Conv2D(16, 3),
+                              layers.Flatten(), layers.Dense(10)])
+    e = est(model, 8)
+    assert e.step_time_s > 0 and e.update_time_s > 0
+    assert math.isclose(sum(r.time_s for r in e.layers) + e.update_time_s, e.step_time_s)
+    rows = category_breakdown(e)
+    assert math.isclose(sum(r["param_share"] for r in rows), 1.0)
+    assert math.isclose(sum(r["flop_share"] for r in rows), 1.0)
+    assert math.isclose(sum(r["time_share"] for r in rows), 1.0)
+    assert {r["category"] for r in rows} >= {"conv", "dense", "optimizer"}
+
+
+def test_no_time_without_speeds():
+    model = keras.Sequential([keras.Input((4,)), layers.Dense(2)])
+    e = memscope.estimate(model, 2, optimizer="sgd", device="gpu")
+    assert e.step_time_s is None and e.layers[0].time_s is None
+    assert e.forward_flops > 0
+
+
+@pytest.mark.slow
+def test_calibrate_cpu_gives_rates():
+    profile = memscope.calibrate("cpu", repeats=2)
+    assert profile.rates["matmul"] > 1e9 and profile.bandwidth_bytes_s > 1e8
+    assert memscope.get_device("cpu").rates == profile.rates
