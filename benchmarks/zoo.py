@@ -177,3 +177,33 @@ def separable() -> keras.Model:
 ZOO = {f.__name__: f for f in (mlp, cnn, resnet50, mobilenetv2, vgg16, densenet121, lstm,
                                transformer)}
 HELD_OUT = {f.__name__: f for f in (unet, gru, vit, separable)}
+
+
+# --- large models, estimated without building their weights ------------------
+
+
+def decoder(blocks: int = 32, width: int = 4096, heads: int = 32, hidden: int = 11008,
+            vocab: int = 32000, seq: int = 2048, name: str = "decoder") -> keras.Model:
+    """A LLaMA-style decoder written with Keras layers: token embedding, then
+    per block RMS-normalized causal self-attention and a SwiGLU feed-forward
+    network, each with a residual add; a final norm and the vocabulary head.
+    The defaults give about 6.7 billion parameters."""
+    tokens = keras.Input((seq,), dtype="int32")
+    x = layers.Embedding(vocab, width)(tokens)
+    for _ in range(blocks):
+        h = layers.RMSNormalization()(x)
+        h = layers.MultiHeadAttention(heads, width // heads, use_bias=False)(
+            h, h, use_causal_mask=True)
+        x = layers.Add()([x, h])
+        h = layers.RMSNormalization()(x)
+        gate = layers.Dense(hidden, activation="silu", use_bias=False)(h)
+        up = layers.Dense(hidden, use_bias=False)(h)
+        h = layers.Dense(width, use_bias=False)(layers.Multiply()([gate, up]))
+        x = layers.Add()([x, h])
+    x = layers.RMSNormalization()(x)
+    logits = layers.Dense(vocab, use_bias=False)(x)
+    return keras.Model(tokens, logits, name=name)
+
+
+def decoder_7b() -> keras.Model:
+    return decoder()

@@ -66,6 +66,17 @@ def load_model(source: str | None, app: str | None, input_shape: tuple | None,
             raise CliError(f"cannot build {app}: {exc}") from None
     if not source:
         raise CliError("give a model: a .keras/.h5 file, module:function, or --app NAME")
+    if source.endswith(".keras") and not unsafe:
+        # the architecture only: no weight is read or allocated
+        if not os.path.exists(source):
+            raise CliError(f"no such file: {source}")
+        from .transform import resolve_model
+
+        try:
+            return resolve_model(source)
+        except (ValueError, TypeError) as exc:
+            raise CliError(f"cannot load {source}: {exc} (if it contains Lambda layers you "
+                           "trust, add --unsafe)") from None
     if source.endswith((".keras", ".h5", ".hdf5")):
         if not os.path.exists(source):
             raise CliError(f"no such file: {source}")

@@ -187,12 +187,18 @@ def estimate(
     input_shape: Any = None,
     rules: Mapping[type, Rule] | None = None,
     method: str = "rules",
+    distribution: Any = None,
+    device_count: int | None = None,
     _graphs: Any = None,
 ) -> MemoryEstimate:
     """Predict the memory of one steady-state training step of ``model``.
 
     Args:
-        model: a built Keras 3 model (Sequential, Functional or subclassed).
+        model: a built Keras 3 model (Sequential, Functional or subclassed),
+            or what builds one without allocating its weights: a zero-argument
+            callable, a config (``model.get_config()``, a serialized dict,
+            JSON text) or the path of a ``.keras`` file (its weights are not
+            read).
         batch_size: samples per step (a positive integer).
         optimizer: a name or a ``keras.optimizers.Optimizer``; defaults to the
             model's compiled optimizer, else Adam.
@@ -203,6 +209,11 @@ def estimate(
             whose inputs have unknown dimensions or that are not built.
         rules: ``{LayerClass: rule}`` overriding or adding cost rules.
         method: ``"rules"`` (the layer-rule engine).
+        distribution: a ``tf.distribute.MirroredStrategy`` or a
+            ``keras.distribution`` DataParallel/ModelParallel: the estimate is
+            then per device (see ``keras_memscope.distribution``); ``batch_size``
+            stays the global batch.
+        device_count: shorthand for data parallelism over that many replicas.
 
     Returns:
         A :class:`~keras_memscope.records.MemoryEstimate`.
@@ -219,6 +230,9 @@ def estimate(
         False
     """
     batch_size = _check_batch_size(batch_size)
+    from .transform import resolve_model
+
+    model = resolve_model(model)
     _check_model(model)
     profile = devices.get_device(device)
     if method not in ("rules", "auto"):
@@ -231,14 +245,26 @@ def estimate(
         model = with_dtype_policy(model, dtype_policy)
     opt, opt_notes = optimizers.resolve(optimizer, model)
     notes += opt_notes
+    from .distribution import sharding_of
+
+    sharding = sharding_of(model, distribution=distribution, device_count=device_count)
+    global_batch = batch_size
+    batch_size = -(-global_batch // sharding.batch_split)
+    if sharding.devices > 1:
+        notes.append(
+            f"per device, one of {sharding.devices} ({sharding.kind.replace('_', ' ')}): "
+            f"batch {batch_size} of the global {global_batch}"
+            + (", rounded up" if global_batch % sharding.batch_split else ""))
 
     if _graphs is not None and dtype_policy is None and not rules:
         graph = _graphs.at(batch_size)  # a BatchScaler for this model
     else:
         graph = trace_model(model, batch_size, input_shape=input_shape,
                             is_leaf=lambda op: ruleset.lookup(op) is not None)
+    if sharding.local_shapes:
+        graph = _shard_weights(graph, sharding)
     ops, unsupported, rule_names = lower(graph, ruleset)
-    state = optimizers.optimizer_state(opt, model)
+    state = optimizers.optimizer_state(opt, model, sharding.local_shapes)
 
     weights_bytes = sum(round_up(w.nbytes) for w in graph.variables)
     input_sizes = [t.nbytes for t in graph.inputs] + _label_bytes(model, list(graph.outputs))
@@ -250,7 +276,9 @@ def estimate(
     persistent += [("optimizer state", n) for n in state.variable_bytes]
 
     n_trainable = sum(1 for w in graph.variables if w.trainable)
-    lag = n_trainable + 1 if state.needs_all_gradients else profile.update_lag
+    all_reduce = sharding.all_reduce
+    lag = (n_trainable + 1 if state.needs_all_gradients or all_reduce
+           else profile.update_lag)
     losses = [LossSpec(saved_bytes=math.prod(t.shape) * 4) for t in graph.outputs]
     temporaries = state.update_temporaries
     result = simulate(
@@ -262,6 +290,8 @@ def estimate(
         persistent=persistent,
         update_lag=lag,
         weight_grad_lag=profile.weight_grad_lag,
+        all_reduce_bytes=(sum(w.nbytes for w in graph.variables if w.trainable)
+                          if all_reduce else 0),
         allocator=profile.allocator,
     )
 
@@ -284,7 +314,7 @@ def estimate(
         )
     return MemoryEstimate(
         model_name=graph.model_name,
-        batch_size=batch_size,
+        batch_size=global_batch,
         method="rules",
         device=profile.name,
         optimizer=state.description,
@@ -311,7 +341,29 @@ def estimate(
         backward_flops=sum(r.backward_flops for r in records),
         update_time_s=update_s,
         timing_source=profile.source if timed else "",
+        devices=sharding.devices,
+        device_batch_size=batch_size,
     )
+
+
+def _shard_weights(graph: ModelGraph, sharding: Any) -> ModelGraph:
+    """Each weight as one device holds it: its local shard's bytes."""
+    import dataclasses
+
+    def local(w: WeightUse) -> WeightUse:
+        shape = sharding.local_shape(w.path, w.shape)
+        if shape == w.shape:
+            return w
+        return dataclasses.replace(w, shape=shape,
+                                   nbytes=math.prod(shape) * dtype_bytes(w.dtype))
+
+    calls = [dataclasses.replace(c, weights=tuple(local(w) for w in c.weights))
+             for c in graph.calls]
+    out = dataclasses.replace(graph, calls=calls,
+                              variables=tuple(local(w) for w in graph.variables),
+                              unattributed=tuple(local(w) for w in graph.unattributed))
+    out._keep = getattr(graph, "_keep", None)  # type: ignore[attr-defined]
+    return out
 
 
 def batch_scaler(model: Any, *, input_shape: Any = None,

@@ -328,7 +328,8 @@ class _Tracer:
                 dtype = keras.backend.standardize_dtype(v.dtype)
                 nbytes = num_elements(tuple(v.shape)) * dtype_bytes(dtype)
                 self.var_use[key] = WeightUse(key, v.name, nbytes, bool(v.trainable), dtype,
-                                              tuple(int(d) for d in v.shape))
+                                              tuple(int(d) for d in v.shape),
+                                              getattr(v, "path", v.name))
             use = self.var_use[key]
             name = v.name if names[v.name] == 1 else v.path
             uses.append(dataclasses.replace(use, name=name))

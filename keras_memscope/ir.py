@@ -116,6 +116,7 @@ class WeightUse:
     trainable: bool
     dtype: str = "float32"
     shape: tuple[int, ...] = ()
+    path: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,6 +25,24 @@ from .records import Measurement
 ENV_BFC = "TF_CPU_ALLOCATOR_USE_BFC"
 
 
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size.
+
+    Read from ``/proc/self/status`` (``VmHWM``, which starts afresh when a
+    process starts); ``getrusage`` is the fallback, but on Linux its maximum
+    survives ``exec`` and so can report the parent's peak."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def _default_loss(output_shape: tuple[int | None, ...]) -> str:
     if len(output_shape) >= 2 and (output_shape[-1] or 1) > 1:
         return "sparse_categorical_crossentropy"
@@ -77,11 +95,8 @@ def run_steps(model: Any, batch_size: int, *, optimizer: Any, loss: Any, steps: 
         currents.append(tf.config.experimental.get_memory_info(dev)["current"])
         model.train_on_batch(x, y)
         peaks.append(tf.config.experimental.get_memory_info(dev)["peak"])
-    import resource
-
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {"step_peak_bytes": peaks, "persistent_bytes": min(currents),
-            "rss_peak_bytes": rss}
+            "rss_peak_bytes": peak_rss_bytes()}
 
 
 def _worker_main() -> None:

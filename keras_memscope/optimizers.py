@@ -153,13 +153,50 @@ def _describe(optimizer: Any) -> str:
     return base + (f"({', '.join(options)})" if options else "")
 
 
-def optimizer_state(optimizer: Any, model: Any) -> OptimizerState:
-    """Build a fresh copy of ``optimizer`` weightlessly and read its variables."""
+@dataclasses.dataclass
+class _StandIn:
+    """What an optimizer's ``build`` reads of a variable (shape, dtype, names),
+    without a value that TensorFlow would materialize to colocate slots."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    name: str
+    path: str
+    trainable: bool = True
+    overwrite_with_gradient: bool = False
+    device: str = ""
+
+    def __hash__(self) -> int:
+        return id(self)
+
+
+def _stand_ins(variables: list[Any],
+               local_shapes: dict[str, tuple[int, ...]] | None = None) -> list[_StandIn]:
+    import keras
+
+    local_shapes = local_shapes or {}
+    out = []
+    for v in variables:
+        path = getattr(v, "path", v.name)
+        shape = local_shapes.get(path, tuple(int(d) for d in v.shape))
+        out.append(_StandIn(shape, keras.backend.standardize_dtype(v.dtype), v.name, path,
+                            bool(v.trainable),
+                            bool(getattr(v, "overwrite_with_gradient", False))))
+    return out
+
+
+def optimizer_state(optimizer: Any, model: Any,
+                    local_shapes: dict[str, tuple[int, ...]] | None = None) -> OptimizerState:
+    """Build a fresh copy of ``optimizer`` weightlessly and read its variables.
+
+    ``local_shapes`` gives sharded variables' per-device shapes: their slots
+    follow them.
+    """
     import keras
 
     from .graph import weightless
 
-    trainable = [v for v in model.trainable_variables]
+    trainable = _stand_ins(list(model.trainable_variables), local_shapes)
     copy = _fresh_copy(optimizer)
     # TensorFlow's optimizer keys variables by the tf.Variable behind them,
     # which a weightless variable does not have yet; this copy is ours.

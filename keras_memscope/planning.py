@@ -99,7 +99,9 @@ def fits(
     the applicable remedies, each with its predicted peak, smallest first.
     """
     from .estimator import estimate
+    from .transform import resolve_model
 
+    model = resolve_model(model)
     profile = get_device(device)
     available = _available(profile, memory_bytes)
     margin = _check_margin(safety_margin)
@@ -129,7 +131,9 @@ def max_batch_size(
     the verified batch and the number of real trial steps.
     """
     from .estimator import _check_model
+    from .transform import resolve_model
 
+    model = resolve_model(model)
     _check_model(model)
     profile = get_device(device)
     available = _available(profile, memory_bytes)

@@ -134,6 +134,9 @@ def _freeze_counts(value: Mapping[str, int] | None) -> Mapping[str, int]:
 class MemoryEstimate:
     """The predicted memory of one steady-state training step.
 
+    With several devices (``devices`` > 1) every byte figure is per device,
+    for its share ``device_batch_size`` of the global ``batch_size``.
+
     Compute: ``forward_flops`` and ``backward_flops`` (one multiply-accumulate
     is two FLOPs), and with a device that has speeds, ``step_time_s``.
 
@@ -179,6 +182,8 @@ class MemoryEstimate:
     backward_flops: int = 0
     update_time_s: float | None = None
     timing_source: str = ""
+    devices: int = 1
+    device_batch_size: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "unsupported", _freeze_counts(self.unsupported))

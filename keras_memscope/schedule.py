@@ -174,6 +174,7 @@ def simulate(
     persistent: Sequence[tuple[Any, ...]],
     update_lag: int = 1,
     weight_grad_lag: int = 0,
+    all_reduce_bytes: int = 0,
     allocator: str = "bfc",
     granule: int = 256,
 ) -> StepResult:
@@ -446,6 +447,12 @@ def simulate(
                 finish_weights(pending.popleft())
         while pending:
             finish_weights(pending.popleft())
+        if all_reduce_bytes:
+            # the gradients are packed into one buffer and reduced across devices
+            packed = sim.alloc(all_reduce_bytes, "all-reduce", WORKSPACE)
+            sim.check("all-reduce")
+            sim.free(packed)
+            sim.point("all-reduce", "all-reduce", "all-reduce gradients")
         while queue:
             run_update(*queue.popleft())
 

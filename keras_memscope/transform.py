@@ -113,3 +113,106 @@ def apply_freeze(model: Any, freeze: Freeze) -> list[str]:
 
 def with_dtype_policy(model: Any, policy: str) -> Any:
     return rebuild(model, dtype_policy=policy)
+
+
+def _from_config(config: dict[str, Any]) -> Any:
+    """A model from a Keras config: a full serialized object (with
+    ``class_name``) or the ``get_config()`` of a Functional or Sequential."""
+    import keras
+
+    if "class_name" in config and "config" in config:
+        # compile settings are read separately: compiling would build the
+        # optimizer's slots
+        config = {k: v for k, v in config.items() if k != "compile_config"}
+        return keras.saving.deserialize_keras_object(config, safe_mode=True)
+    errors = []
+    for cls in (keras.Model, keras.Sequential):
+        try:
+            return cls.from_config(config)
+        except Exception as exc:  # try the next form
+            errors.append(f"{cls.__name__}: {exc}")
+    raise ValueError("cannot build a model from this config (" + "; ".join(errors)[:300] + ")")
+
+
+def _keras_file_config(path: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The model config (and compile config) inside a .keras archive,
+    without reading its weights."""
+    import json
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            data = json.loads(archive.read("config.json"))
+    except (OSError, KeyError, zipfile.BadZipFile, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is not a readable .keras file ({exc})") from None
+    return data, data.get("compile_config")
+
+
+def resolve_model(source: Any) -> Any:
+    """A Keras model from what ``estimate`` accepts.
+
+    A model is returned as it is. A zero-argument callable, a config (dict,
+    JSON text, or a ``.keras`` file, whose weights are not read) is built
+    without allocating any weight (``graph.weightless``) and left that way.
+    """
+    import json
+    import os
+
+    import keras
+
+    from .graph import weightless
+
+    if isinstance(source, keras.Layer):
+        return source
+    compile_config = None
+    if isinstance(source, (str, os.PathLike)):
+        text = str(source)
+        if text.endswith(".keras"):
+            if not os.path.exists(text):
+                raise ValueError(f"no such file: {text}")
+            source, compile_config = _keras_file_config(text)
+        elif text.lstrip().startswith("{"):
+            try:
+                source = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"model config is not valid JSON: {exc}") from None
+        else:
+            raise TypeError(
+                f"cannot tell what model {text[:60]!r} is: pass a Keras model, a callable "
+                "that builds one, a config dict or JSON text, or a .keras file path"
+            )
+    if isinstance(source, dict):
+        compile_config = compile_config or source.get("compile_config")
+        try:
+            with weightless():
+                model = _from_config(source)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"cannot build the model from its config: {exc}") from None
+    elif callable(source):
+        with weightless():
+            model = source()
+        if not isinstance(model, keras.Layer):
+            raise TypeError(f"the model builder returned {type(model).__name__}, not a "
+                            "Keras model")
+    else:
+        raise TypeError(
+            f"expected a Keras model, a callable that builds one, a config or a .keras file; "
+            f"got {type(source).__name__}"
+        )
+    if compile_config:
+        _attach_compile_config(model, compile_config)
+    return model
+
+
+def _attach_compile_config(model: Any, compile_config: dict[str, Any]) -> None:
+    """The optimizer and loss a .keras file was compiled with, for estimates
+    (the model itself is not compiled)."""
+    import keras
+
+    opt = compile_config.get("optimizer")
+    if opt is not None:
+        try:
+            model.optimizer = keras.optimizers.deserialize(opt)
+        except Exception:
+            pass
+    model.loss = compile_config.get("loss")

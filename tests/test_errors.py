@@ -22,6 +22,8 @@ def test_batch_size_must_be_an_integer(bad):
 
 def test_not_a_model():
     with pytest.raises(TypeError, match="expected a Keras model"):
+        memscope.estimate(42, batch_size=2)
+    with pytest.raises(TypeError, match="cannot tell what model 'resnet' is"):
         memscope.estimate("resnet", batch_size=2)
 
 

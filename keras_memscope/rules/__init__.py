@@ -35,6 +35,7 @@ class RuleSet:
         return decorate
 
     def with_overrides(self, overrides: Mapping[type, Rule] | None) -> RuleSet:
+        _maybe_register_hub()
         if not overrides:
             return self
         for cls, rule in overrides.items():
@@ -51,6 +52,8 @@ class RuleSet:
 
     def lookup(self, op: Any) -> tuple[Rule, str] | None:
         """The rule for ``op`` and the class it was registered for, or None."""
+        if self is DEFAULT_RULES or _HUB_PENDING:
+            _maybe_register_hub()
         stops = _generic_bases()
         for cls in type(op).__mro__:
             if cls in self._rules:
@@ -81,6 +84,19 @@ def _generic_bases() -> set[type]:
 
 DEFAULT_RULES = RuleSet()
 register = DEFAULT_RULES.register
+_HUB_PENDING = True
+
+
+def _maybe_register_hub() -> None:
+    import sys
+
+    global _HUB_PENDING
+    if not _HUB_PENDING or "keras_hub" not in sys.modules:
+        return
+    from .hub import register_hub_rules
+
+    _HUB_PENDING = False
+    register_hub_rules(register)
 
 _CURRENT: contextvars.ContextVar[RuleSet | None] = contextvars.ContextVar(
     "keras_memscope_rules", default=None

@@ -16,7 +16,7 @@ import keras
 from ..graph import CallRecord
 from ..ir import Prim
 from . import register
-from .base import Builder, weight_ref
+from .base import OUT, Builder, weight_ref
 
 
 def _float32_input(b: Builder, call: CallRecord) -> tuple[str, int]:
@@ -133,3 +133,26 @@ if hasattr(keras.layers, "UnitNormalization"):
                        save_for={"in0": ("in0",)}, forward_workspace_bytes=n)
         z = b.add1("div", ["in0", norms], n, save_for={"in0": (norms,), norms: ("in0",)})
         return b.finish([z])
+
+
+if hasattr(keras.layers, "RMSNormalization"):
+
+    @register(keras.layers.RMSNormalization)
+    def rms_norm(call: CallRecord) -> list[Prim]:
+        """RMSNormalization: ``x * rsqrt(mean(x^2) + eps) * scale``: the squares
+        are a transient temporary; keeps the float32 input, the per-row inverse
+        and the normalized tensor (for the scale gradient)."""
+        b = Builder(call)
+        x, n32 = _float32_input(b, call)
+        rows = math.prod(call.inputs[0].shape) // max(_norm_axes_elements(call), 1)
+        inv = b.add1("rsqrt_mean_square", [x], rows * 4, save_for={x: (x, OUT)},
+                     forward_workspace_bytes=n32, backward_workspace_bytes=n32, passes=2,
+                     flops=2 * n32 // 4, kernel="reduce")
+        normed = b.add1("normalize", [x, inv], n32, save_for={x: (inv,), inv: (x,)},
+                        backward_workspace_bytes=n32)
+        z = normed
+        scale = weight_ref(call, "scale")
+        if scale:
+            z = b.add1("scale", [normed, scale], n32,
+                       save_for={normed: (scale,), scale: (normed,)}, grad_inplace=True)
+        return b.finish([_cast_back(b, call, z, n32)])
