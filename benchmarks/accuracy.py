@@ -98,8 +98,8 @@ def estimate_config(model: str, batch: int, opt: str, method: str) -> tuple[int,
     keras.utils.clear_session()
     m = builder()
     t0 = time.time()
-    kwargs = {"method": method} if method not in ("rules", "naive") else {}
-    est = memscope.estimate(m, batch, optimizer=opt, device="cpu", **kwargs)
+    est = memscope.estimate(m, batch, optimizer=opt, device="cpu",
+                            method="rules" if method == "naive" else method)
     if method == "naive":
         return naive_bytes(est), time.time() - t0
     return est.peak_bytes, time.time() - t0
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="model names to run")
     parser.add_argument("--remeasure", action="store_true")
     parser.add_argument("--processes", type=int, default=3)
-    parser.add_argument("--methods", nargs="*", default=["rules", "naive"],
+    parser.add_argument("--methods", nargs="*", default=["graph", "rules", "naive"],
                         help="rules, graph, naive (the folklore formula)")
     parser.add_argument("--json", type=Path, help="write the table as JSON here")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")

@@ -207,3 +207,14 @@ def decoder(blocks: int = 32, width: int = 4096, heads: int = 32, hidden: int = 
 
 def decoder_7b() -> keras.Model:
     return decoder()
+
+
+def mlp_gelu() -> keras.Model:
+    """Four [Dense 2048 gelu, Dense 512] blocks on 1024 inputs (the recomputation
+    case of FINDINGS)."""
+    x = keras.Input((1024,))
+    h = x
+    for _ in range(4):
+        h = layers.Dense(2048, activation="gelu")(h)
+        h = layers.Dense(512)(h)
+    return keras.Model(x, layers.Dense(10)(h), name="mlp_gelu")

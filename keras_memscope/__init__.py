@@ -28,6 +28,9 @@ _LAZY = {
     "plot_memory_vs_batch": "keras_memscope.plot",
     "detect_devices": "keras_memscope.devices",
     "calibrate": "keras_memscope.timing",
+    "whatif": "keras_memscope.changes",
+    "apply": "keras_memscope.changes",
+    "plot_timeline": "keras_memscope.plot",
 }
 
 __all__ = [
@@ -35,11 +38,13 @@ __all__ = [
     "DeviceProfile",
     "FitReport",
     "Suggestion",
+    "apply",
     "calibrate",
     "detect_devices",
     "fits",
     "max_batch_size",
     "plot_memory_vs_batch",
+    "plot_timeline",
     "Holder",
     "LayerRecord",
     "MemScopeCallback",
@@ -50,6 +55,7 @@ __all__ = [
     "get_device",
     "measure",
     "summary",
+    "whatif",
     "__version__",
 ]
 

@@ -117,6 +117,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--optimizer", help="optimizer name (default: the model's, else adam)")
     p.add_argument("--dtype-policy", help="e.g. mixed_float16, mixed_bfloat16")
     p.add_argument("--device", default="gpu", help="device profile (default gpu)")
+    p.add_argument("--remat", help="recompute: activations, full, checkpoints or a number "
+                   "of segments")
     p.add_argument("--unsafe", action="store_true",
                    help="load model files with safe_mode=False (only for files you trust)")
 
@@ -157,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("summary", help="per-layer table and memory totals")
     _add_model_args(s)
     _add_output_args(s)
+    s.add_argument("--timeline", metavar="FILE.png",
+                   help="draw live memory through the step (with --remat: before and after)")
     f = sub.add_parser("fit", help="does this batch fit the device? (exit 1 if not)")
     _add_model_args(f)
     _add_fit_args(f)
@@ -173,8 +177,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
+    remat: Any = getattr(args, "remat", None)
+    if remat is not None and remat.isdigit():
+        remat = int(remat)
     return {"optimizer": args.optimizer, "dtype_policy": args.dtype_policy,
-            "input_shape": None if args.app else args.input_shape}
+            "input_shape": None if args.app else args.input_shape, "remat": remat}
 
 
 def _estimate(args: argparse.Namespace, model: Any) -> Any:
@@ -207,6 +214,21 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     est = _estimate(args, model)
     print({"table": render_summary, "json": to_json, "csv": to_csv}[args.format](est))
     _plot(args, model)
+    if args.timeline:
+        from .plot import timeline
+
+        ests, labels = [est], [f"remat {est.remat}" if est.remat else "as is"]
+        if args.remat:
+            plain = dict(_options(args), remat=None)
+            from .estimator import estimate
+
+            ests.insert(0, estimate(model, args.batch_size, device=args.device, **plain))
+            labels.insert(0, "as is")
+        try:
+            timeline(ests, args.timeline, labels=labels)
+        except ImportError as exc:
+            raise CliError(str(exc)) from None
+        print(f"wrote {args.timeline}", file=sys.stderr)
     return EXIT_OK
 
 

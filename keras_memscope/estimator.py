@@ -82,12 +82,46 @@ def glue_rule(call: CallRecord) -> list[Prim]:
     return b.finish([z])
 
 
-def lower(graph: ModelGraph, ruleset: RuleSet) -> tuple[list[LayerOp], dict[str, int], list[str]]:
-    """Every call -> a LayerOp via its rule; unknown classes use the fallback."""
+def resolve_method(method: str) -> str:
+    """``"auto"`` -> ``"graph"`` on the TensorFlow backend, else ``"rules"``."""
+    if method not in ("rules", "graph", "auto"):
+        raise ValueError(f"method must be 'rules', 'graph' or 'auto', got {method!r}")
+    if method == "auto":
+        import keras
+
+        return "graph" if keras.backend.backend() == "tensorflow" else "rules"
+    return method
+
+
+def lower(graph: ModelGraph, ruleset: RuleSet, method: str = "rules",
+          overrides: tuple[type, ...] = ()) -> tuple[list[LayerOp], dict[str, int], list[str]]:
+    """Every call -> a LayerOp via its rule (or, with ``method="graph"``, via
+    TensorFlow's graph of the call, except for the classes in ``overrides``,
+    whose rules the user gave); unknown classes use the fallback."""
     ops: list[LayerOp] = []
     unsupported: dict[str, int] = {}
     rule_names: list[str] = []
     next_id = -1
+
+    def by_rule(call: CallRecord) -> list[Prim]:
+        found = ruleset.lookup(call.layer)
+        if found is None:
+            rule: Rule = fallback
+            rule_names.append("fallback")
+            unsupported[call.class_name] = unsupported.get(call.class_name, 0) + 1
+            _warn_unsupported(call.class_name)
+        else:
+            rule, registered = found
+            rule_names.append(registered)
+        try:
+            return rule(call)
+        except Exception as exc:  # a rule that cannot handle this call
+            logger.warning("rule for %s failed on %s (%s); using the fallback",
+                           call.class_name, call.name, exc)
+            rule_names[-1] = "fallback"
+            unsupported[call.class_name] = unsupported.get(call.class_name, 0) + 1
+            return fallback(call)
+
     with using(ruleset):
         for call in graph.calls:
             outputs = []
@@ -103,26 +137,22 @@ def lower(graph: ModelGraph, ruleset: RuleSet) -> tuple[list[LayerOp], dict[str,
             elif call.glue:
                 prims = glue_rule(call)
                 rule_names.append("tensorflow ops")
-                if not call.tf_ops or not all(op in _FREE_GRAD_TF_OPS for op in call.tf_ops):
-                    pass
-            else:
-                found = ruleset.lookup(call.layer)
-                if found is None:
-                    rule: Rule = fallback
-                    rule_names.append("fallback")
-                    unsupported[call.class_name] = unsupported.get(call.class_name, 0) + 1
-                    _warn_unsupported(call.class_name)
-                else:
-                    rule, registered = found
-                    rule_names.append(registered)
+            elif (method == "graph" and call.layer is not None
+                  and not isinstance(call.layer, overrides)):
+                from .tfgraph import traced_prims
+
                 try:
-                    prims = rule(call)
-                except Exception as exc:  # a rule that cannot handle this call
-                    logger.warning("rule for %s failed on %s (%s); using the fallback",
-                                   call.class_name, call.name, exc)
-                    prims = fallback(call)
-                    rule_names[-1] = "fallback"
-                    unsupported[call.class_name] = unsupported.get(call.class_name, 0) + 1
+                    prims = traced_prims(call)
+                    rule_names.append("graph")
+                except NotImplementedError as exc:  # a loop: the rule sizes it
+                    logger.info("%s: %s", call.name, exc)
+                    prims = by_rule(call)
+                except Exception as exc:  # not traceable on its own: use the rules
+                    logger.warning("could not trace %s alone (%s); using its rule",
+                                   call.name, exc)
+                    prims = by_rule(call)
+            else:
+                prims = by_rule(call)
             ops.append(
                 LayerOp(
                     index=call.index,
@@ -186,9 +216,10 @@ def estimate(
     dtype_policy: str | None = None,
     input_shape: Any = None,
     rules: Mapping[type, Rule] | None = None,
-    method: str = "rules",
+    method: str = "auto",
     distribution: Any = None,
     device_count: int | None = None,
+    remat: Any = None,
     _graphs: Any = None,
 ) -> MemoryEstimate:
     """Predict the memory of one steady-state training step of ``model``.
@@ -208,12 +239,22 @@ def estimate(
         input_shape: input shape(s) without the batch dimension, for models
             whose inputs have unknown dimensions or that are not built.
         rules: ``{LayerClass: rule}`` overriding or adding cost rules.
-        method: ``"rules"`` (the layer-rule engine).
+        method: ``"graph"`` (each distinct layer call's forward and gradient
+            traced with TensorFlow and turned into prims: what TensorFlow
+            really keeps, for any layer; loops use their rule), ``"rules"``
+            (the layer-rule engine: faster, and the one sweeps over batch
+            sizes use) or ``"auto"`` (the default: ``"graph"`` on TensorFlow).
         distribution: a ``tf.distribute.MirroredStrategy`` or a
             ``keras.distribution`` DataParallel/ModelParallel: the estimate is
             then per device (see ``keras_memscope.distribution``); ``batch_size``
             stays the global batch.
         device_count: shorthand for data parallelism over that many replicas.
+        remat: recomputation to apply: a Keras ``RematScope`` mode
+            (``"activations"``, ``"full"``, ``"larger_than"``,
+            ``"list_of_layers"``; or a dict of RematScope arguments),
+            ``"checkpoints"`` (about sqrt(n) checkpointed segments) or a number
+            of segments. A model built under ``RematScope`` is estimated with
+            its own modes.
 
     Returns:
         A :class:`~keras_memscope.records.MemoryEstimate`.
@@ -235,8 +276,9 @@ def estimate(
     model = resolve_model(model)
     _check_model(model)
     profile = devices.get_device(device)
-    if method not in ("rules", "auto"):
-        raise ValueError(f"method must be 'rules' or 'auto', got {method!r}")
+    method = resolve_method(method)
+    if _graphs is not None and method == "graph":
+        _graphs = None  # the graph method traces each layer call at its shapes
     ruleset = DEFAULT_RULES.with_overrides(rules)
     notes: list[str] = []
     if dtype_policy is not None and dtype_policy != _policy_name(model):
@@ -263,8 +305,19 @@ def estimate(
                             is_leaf=lambda op: ruleset.lookup(op) is not None)
     if sharding.local_shapes:
         graph = _shard_weights(graph, sharding)
-    ops, unsupported, rule_names = lower(graph, ruleset)
+    overrides = tuple(k for k in (rules or {}) if isinstance(k, type))
+    ops, unsupported, rule_names = lower(graph, ruleset, method, overrides)
     state = optimizers.optimizer_state(opt, model, sharding.local_shapes)
+    from . import remat as remat_lib
+
+    remat_spec = remat_lib.parse_remat(remat)
+    per_layer = remat_lib.model_remat(graph.calls)
+    regions = remat_lib.regions(ops, graph.calls, remat_spec, per_layer)
+    used = {s.mode for s in per_layer.values()} | ({remat_spec.mode} if remat_spec else set())
+    for mode in sorted(used & set(remat_lib.FAILS_IN_FIT_ON_TF)):
+        notes.append(f"RematScope mode {mode!r} fails inside fit() on TensorFlow "
+                     "(keras#21207): use mode='activations', or keras.remat(fn)(x) with "
+                     "positional arguments")
 
     weights_bytes = sum(round_up(w.nbytes) for w in graph.variables)
     input_sizes = [t.nbytes for t in graph.inputs] + _label_bytes(model, list(graph.outputs))
@@ -292,6 +345,7 @@ def estimate(
         weight_grad_lag=profile.weight_grad_lag,
         all_reduce_bytes=(sum(w.nbytes for w in graph.variables if w.trainable)
                           if all_reduce else 0),
+        remat=regions,
         allocator=profile.allocator,
     )
 
@@ -315,7 +369,7 @@ def estimate(
     return MemoryEstimate(
         model_name=graph.model_name,
         batch_size=global_batch,
-        method="rules",
+        method=method,
         device=profile.name,
         optimizer=state.description,
         dtype_policy=_policy_name(model),
@@ -343,6 +397,10 @@ def estimate(
         timing_source=profile.source if timed else "",
         devices=sharding.devices,
         device_batch_size=batch_size,
+        recompute_flops=sum(c.forward_flops for c in result.costs if c.recomputed),
+        step_allocated_bytes=result.allocated_bytes,
+        remat=(remat_spec.describe() if remat_spec else
+               ", ".join(sorted({s.describe() for s in per_layer.values()}))),
     )
 
 

@@ -61,6 +61,8 @@ class CallRecord:
     shared: bool = False
     glue: bool = False
     tf_ops: tuple[str, ...] = ()
+    args: tuple[Any, ...] = ()
+    input_names: tuple[str, ...] = ()
 
     @property
     def params(self) -> int:
@@ -417,6 +419,8 @@ class _Tracer:
                 kwargs=dict(frame.kwargs),
                 weights=self.weight_uses(variables, op),
                 shared=shared,
+                args=tuple(frame.args),
+                input_names=tuple(t.name for t in in_tensors),
             )
         )
 

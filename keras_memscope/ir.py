@@ -36,6 +36,9 @@ class Prim:
         alias: output 0 is a view of input 0 (reshape): no allocation at all.
         forward_workspace_bytes: temporary bytes alive only while it runs.
         backward_workspace_bytes: temporary bytes alive only while its gradient runs.
+        backward_workspace_parts: the sizes of the allocations those bytes
+            are (a gradient's intermediates are separate tensors, not one
+            block); empty: one allocation.
         workspace_for: ``(input, bytes)`` pairs: more temporary bytes while the
             gradient with respect to that input is computed.
         output_pieces: ``(output, n)`` pairs: that output is n equal
@@ -54,6 +57,8 @@ class Prim:
             ``"conv"``, ``"reduce"``, or ``""`` (element-wise).
         gemm_min_dim: for a matmul, its smallest dimension (rows, contraction
             or columns): skinny matrix products run far below peak speed.
+        role: ``"activation"`` for the prims of a layer's activation function
+            (what Keras' ``RematScope("activations")`` recomputes).
     """
 
     name: str
@@ -66,6 +71,7 @@ class Prim:
     alias: bool = False
     forward_workspace_bytes: int = 0
     backward_workspace_bytes: int = 0
+    backward_workspace_parts: tuple[int, ...] = ()
     workspace_for: tuple[tuple[str, int], ...] = ()
     output_pieces: tuple[tuple[str, int], ...] = ()
     grad_inplace: bool = False
@@ -74,6 +80,7 @@ class Prim:
     passes: float = 1.0
     kernel: str = ""
     gemm_min_dim: int = 0
+    role: str = ""
 
     def grad_inputs(self) -> tuple[str, ...]:
         return self.inputs if self.differentiable is None else self.differentiable

@@ -106,6 +106,11 @@ def _worker_main() -> None:
 
     import keras
 
+    # the modules that define the model's own layer classes, importable here
+    # as they were in the caller
+    sys.path[:0] = [p for p in spec.get("sys_path", []) if p not in sys.path]
+    for name in spec.get("imports", []):
+        importlib.import_module(name)
     if spec.get("builder"):
         module, _, func = spec["builder"].partition(":")
         model = getattr(importlib.import_module(module), func)(**spec.get("builder_kwargs", {}))
@@ -201,7 +206,9 @@ def measure(
                 "keras.saving.register_keras_serializable, or start Python with "
                 "TF_CPU_ALLOCATOR_USE_BFC=true and pass in_process=True"
             ) from exc
+        imports = _custom_modules(model)
         spec = {"model": config, "batch_size": batch_size, "optimizer": opt_spec,
+                "imports": imports, "sys_path": [p or os.getcwd() for p in sys.path],
                 "steps": steps, "device": device, "loss": loss,
                 "input_shape": list(input_shape) if input_shape else None,
                 "dtype_policy": getattr(getattr(model, "dtype_policy", None), "name", None)}
@@ -216,6 +223,23 @@ def measure(
                             or os.environ.get(ENV_BFC, "").lower() == "true") else "default",
         in_subprocess=not in_process,
     )
+
+
+def _custom_modules(model: Any) -> list[str]:
+    """Modules outside Keras that define the classes of ``model``'s layers,
+    for the measuring process to import before it rebuilds the model."""
+    modules = set()
+    for layer in [model, *model._flatten_layers(include_self=False)]:
+        module = type(layer).__module__
+        if module.split(".")[0] not in ("keras", "tensorflow", "tf_keras", "keras_hub"):
+            modules.add((module, type(layer).__qualname__))
+    main = sorted(q for m, q in modules if m == "__main__")
+    if main:
+        raise ValueError(
+            f"model {model.name!r} uses class(es) defined in __main__ ({', '.join(main)}), "
+            "which the measuring process cannot import: move them into a module, or start "
+            "Python with TF_CPU_ALLOCATOR_USE_BFC=true and pass in_process=True")
+    return sorted({m for m, _ in modules})
 
 
 def _layer_of(op_name: str, names: dict[str, str]) -> str | None:

@@ -16,7 +16,6 @@ from typing import Any
 
 from .devices import DeviceProfile, get_device
 from .records import MemoryEstimate
-from .units import human_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,9 +27,27 @@ class Suggestion:
     required_bytes: int
     fits: bool
     cost: str
+    #: compute added per effective batch, as a fraction (0.33: a third more)
+    extra_compute: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        data["change"] = {k: _plain(v) for k, v in self.change.items()}
+        return data
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-ready form of a change (an optimizer becomes its class and config)."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "get_config"):
+        config = value.get_config()
+        keep = {k: config[k] for k in ("momentum", "nesterov", "learning_rate",
+                                       "gradient_accumulation_steps") if k in config}
+        return {"class": type(value).__name__, **keep}
+    return repr(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,8 +157,15 @@ def max_batch_size(
     limit = int(available * (1 - _check_margin(safety_margin)))
     if not isinstance(upper, int) or upper < 1:
         raise ValueError(f"upper must be a positive integer, got {upper!r}")
-    options = _with_scaler(model, options)
+    from .estimator import resolve_method
+
+    method = resolve_method(options.pop("method", "auto"))
+    # the rule engine finds the boundary quickly; the graph method decides it
+    options = _with_scaler(model, {**options, "method": "rules"})
     search = _solve(model, profile, limit, upper, options)
+    if method == "graph" and search.predicted > 0:
+        search = _refine_with_graph(model, profile, limit, search, options, upper)
+    options = {k: v for k, v in options.items() if k != "_graphs"} | {"method": method}
     if not verify:
         return search.predicted
     return verify_batch(model, search, limit, profile, options)
@@ -168,8 +192,12 @@ class BatchSearch:
 
 
 def _with_scaler(model: Any, options: dict[str, Any]) -> dict[str, Any]:
-    """Options plus traces from which every batch size of this model follows."""
-    if "_graphs" in options or options.get("dtype_policy") or options.get("rules"):
+    """Options for a sweep over batch sizes: the rule engine (unless a method
+    is asked for) with traces from which every batch size follows."""
+    options = {**options}
+    options.setdefault("method", "rules")
+    if "_graphs" in options or options.get("dtype_policy") or options.get("rules") \
+            or options["method"] != "rules":
         return options
     from .estimator import batch_scaler
 
@@ -217,6 +245,53 @@ def _solve(model: Any, profile: DeviceProfile, limit: int, upper: int,
             b = max(lo + 1, b - step) if b - step > lo else (lo + hi) // 2
         step *= 2
     return BatchSearch(lo, peak(lo), len(cache))
+
+
+def _refine_with_graph(model: Any, profile: DeviceProfile, limit: int, search: BatchSearch,
+                       options: dict[str, Any], upper: int) -> BatchSearch:
+    """The rule engine found the boundary quickly; the graph method (the
+    default estimate) decides it: from the rules' answer, steps growing
+    twofold bracket the graph method's boundary, and bisection closes it."""
+    from .estimator import estimate
+
+    opts = {k: v for k, v in options.items() if k not in ("_graphs", "method")}
+    cache: dict[int, int] = {}
+
+    def peak(b: int) -> int:
+        if b not in cache:
+            cache[b] = estimate(model, b, device=profile, method="graph", **opts).peak_bytes
+        return cache[b]
+
+    b0 = search.predicted
+    step = max(1, b0 // 64)
+    if peak(b0) <= limit:
+        lo, hi = b0, upper + 1
+        while lo + step <= upper:
+            if peak(lo + step) > limit:
+                hi = lo + step
+                break
+            lo += step
+            step *= 2
+    else:
+        lo, hi = 0, b0
+        while hi - step >= 1:
+            if peak(hi - step) <= limit:
+                lo = hi - step
+                break
+            hi -= step
+            step *= 2
+        if lo == 0 and hi > 1 and peak(1) <= limit:
+            lo = 1
+    while hi - lo > 1 and lo >= 1:
+        mid = (lo + hi) // 2
+        if peak(mid) <= limit:
+            lo = mid
+        else:
+            hi = mid
+    n = search.estimates + len(cache)
+    if lo < 1:
+        return dataclasses.replace(search, predicted=0, predicted_bytes=peak(1), estimates=n)
+    return dataclasses.replace(search, predicted=lo, predicted_bytes=peak(lo), estimates=n)
 
 
 def verify_batch(model: Any, search: BatchSearch, limit: int, profile: DeviceProfile,
@@ -314,83 +389,100 @@ def trial_step(model: Any, batch_size: int, limit: int, profile: DeviceProfile,
     return "fits"
 
 
-def suggest_remedies(model: Any, est: MemoryEstimate, profile: DeviceProfile, available: int,
-                     margin: float, options: dict[str, Any]) -> list[Suggestion]:
-    """Remedies that apply to this model, each estimated; smallest peak first."""
-    from .estimator import estimate
-
-    limit = available * (1 - margin)
-    out: list[Suggestion] = []
+def _remedy_candidates(model: Any, est: MemoryEstimate, profile: DeviceProfile,
+                       options: dict[str, Any], micro: int) -> list[tuple[str, dict, str]]:
+    """(title, whatif changes, what it costs) for each remedy that applies."""
+    out: list[tuple[str, dict, str]] = []
     batch = est.batch_size
-    options = _with_scaler(model, options)
-    base = {k: v for k, v in options.items() if k not in ("optimizer", "dtype_policy")}
-    plain = {k: v for k, v in options.items() if k != "_graphs"}
-
-    def add(title: str, change: dict[str, Any], cost: str, **kwargs: Any) -> None:
-        merged = {**options, **kwargs}
-        if "dtype_policy" in kwargs:
-            merged.pop("_graphs", None)
-        try:
-            e = estimate(model, merged.pop("batch_size", batch), device=profile, **merged)
-        except (ValueError, TypeError):
-            return
-        out.append(Suggestion(title, change, e.peak_bytes, e.peak_bytes <= limit, cost))
-
-    # 1. a smaller micro-batch with gradient accumulation keeps the effective batch
-    micro = max_batch_size(model, device=profile, memory_bytes=available,
-                           safety_margin=margin, **options)
-    if isinstance(micro, int) and 0 < micro < batch:
+    if 0 < micro < batch:
         steps = math.ceil(batch / micro)
-        micro_b = math.ceil(batch / steps)
-        import keras
-
-        from .optimizers import resolve
-
-        opt, _ = resolve(options.get("optimizer"), model)
-        config = opt.get_config()
-        config["gradient_accumulation_steps"] = steps
-        acc = type(opt).from_config(config)
-        add(f"batch {micro_b} x {steps} accumulation steps (same effective batch {batch})",
-            {"batch_size": micro_b, "accumulation_steps": steps},
-            f"{steps} smaller steps per update; one extra gradient-sized buffer",
-            batch_size=micro_b, optimizer=acc)
-        del keras
-    # 2. lower precision
+        out.append((f"batch {math.ceil(batch / steps)} x {steps} accumulation steps "
+                    f"(same effective batch {batch})", {"accumulation_steps": steps},
+                    f"{steps} smaller steps per update; one more gradient-sized buffer"))
     if est.dtype_policy == "float32" and _rebuildable(model):
         half = "mixed_bfloat16" if "bfloat16" in profile.peak_flops or profile.kind == "cpu" \
             else "mixed_float16"
-        add(f"mixed precision ({half})", {"dtype_policy": half},
-            "usually faster on tensor cores; float32 weights and optimizer state remain",
-            dtype_policy=half)
-    # 3. an optimizer with less state
+        out.append((f"mixed precision ({half})", {"dtype_policy": half},
+                    "faster on tensor cores; float32 weights and optimizer state remain"))
     if est.optimizer_bytes > 1024 and not est.optimizer.startswith("SGD"):
         import keras
 
-        add("SGD with momentum instead of " + est.optimizer.split("(")[0],
-            {"optimizer": "SGD(momentum=0.9)"}, "one slot per weight instead of "
-            f"{human_bytes(est.optimizer_bytes)} of state; may need learning-rate tuning",
-            optimizer=keras.optimizers.SGD(momentum=0.9), **_without(base, "optimizer"))
-    # 4. freezing the first half of the layers with weights
-    if _rebuildable(model):
-        from .transform import rebuild
+        out.append(("SGD with momentum instead of " + est.optimizer.split("(")[0],
+                    {"optimizer": keras.optimizers.SGD(momentum=0.9)},
+                    "one slot per weight; may need learning-rate tuning"))
+    out.append(("recompute activation functions (RematScope 'activations')",
+                {"remat": "activations"}, "recomputes activations in the backward pass"))
+    out.append(("checkpoint about sqrt(n) segments, recompute the rest",
+                {"remat": "checkpoints"},
+                "about one more forward pass; Keras has no built-in segment checkpointing"))
+    with_weights = [layer.name for layer in model._flatten_layers(include_self=False)
+                    if layer.trainable_weights and not layer._flatten_layers(
+                        include_self=False, recursive=False)]
+    half = with_weights[: len(with_weights) // 2]
+    if half:
+        out.append((f"freeze the first {len(half)} of {len(with_weights)} layers with weights "
+                    f"({half[0]} ... {half[-1]})", {"freeze": half},
+                    "fine-tuning instead of full training; fewer FLOPs"))
+    return out
 
-        with_weights = [layer.name for layer in model._flatten_layers(include_self=False)
-                        if layer.trainable_weights and not layer._flatten_layers(
-                            include_self=False, recursive=False)]
-        half = with_weights[: len(with_weights) // 2]
-        if half:
-            frozen = rebuild(model, freeze=half)
+
+def suggest_remedies(model: Any, est: MemoryEstimate, profile: DeviceProfile, available: int,
+                     margin: float, options: dict[str, Any]) -> list[Suggestion]:
+    """Remedies ranked by memory saved per compute added, then, until one fits,
+    the best ones combined (each step estimated)."""
+    from .changes import whatif
+
+    limit = available * (1 - margin)
+    # the what-ifs use the method of the estimate they improve on
+    options = _with_scaler(model, {**options, "method": est.method})
+    micro = max_batch_size(model, device=profile, memory_bytes=available,
+                           safety_margin=margin, **options)
+    base_flops = est.forward_flops + est.backward_flops or 1
+    scored = []
+    for title, change, cost in _remedy_candidates(model, est, profile, options,
+                                                  micro if isinstance(micro, int) else 0):
+        opts = dict(options)
+        if "dtype_policy" in change or "remat" in change or "freeze" in change:
+            opts.pop("_graphs", None)
+        if "optimizer" in change:
+            opts.pop("optimizer", None)
+        try:
+            e = whatif(model, est.batch_size, device=profile, **{**opts, **change})
+        except (ValueError, TypeError):
+            continue
+        saved = est.peak_bytes - e.peak_bytes
+        if saved < est.peak_bytes * 0.01:
+            continue
+        steps = change.get("accumulation_steps", 1)  # per effective batch
+        work = (e.forward_flops + e.backward_flops + e.recompute_flops) * steps
+        extra = (work - base_flops) / base_flops
+        extra_text = f"{extra:+.0%} compute"
+        scored.append((saved / (1 + max(extra, 0.0)), Suggestion(
+            title, change, e.peak_bytes, e.peak_bytes <= limit, f"{cost}; {extra_text}",
+            extra_compute=extra)))
+    scored.sort(key=lambda t: -t[0])
+    out = [s for _, s in scored]
+    if out and not any(s.fits for s in out):
+        combined: dict[str, Any] = {}
+        titles: list[str] = []
+        for s in out:
+            if set(s.change) & set(combined):
+                continue  # one choice per kind of change
+            combined.update(s.change)
+            titles.append(s.title.split(" (")[0])
+            if len(titles) < 2:
+                continue
+            opts = {k: v for k, v in options.items() if k != "_graphs"}
+            if "optimizer" in combined:
+                opts.pop("optimizer", None)
             try:
-                e = estimate(frozen, batch, device=profile, **plain)
-                out.append(Suggestion(
-                    f"freeze the first {len(half)} of {len(with_weights)} layers with weights "
-                    f"({half[0]} ... {half[-1]})", {"freeze": half}, e.peak_bytes,
-                    e.peak_bytes <= limit, "fine-tuning instead of full training"))
+                e = whatif(model, est.batch_size, device=profile, **{**opts, **combined})
             except (ValueError, TypeError):
-                pass
-    # keep what saves at least 1% of the current peak, smallest peak first
-    out = [s for s in out if s.required_bytes < est.peak_bytes * 0.99]
-    out.sort(key=lambda s: s.required_bytes)
+                break
+            out.append(Suggestion(" + ".join(titles), dict(combined), e.peak_bytes,
+                                  e.peak_bytes <= limit, "combined"))
+            if e.peak_bytes <= limit:
+                break
     return out
 
 

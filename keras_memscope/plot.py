@@ -116,3 +116,72 @@ def memory_vs_batch(
     fig.savefig(path)
     plt.close(fig)
     return ests
+
+
+_PHASE_COLORS = {"forward pass": "#dbe9f6", "backward pass and updates": "#fde8e4"}
+
+
+def timeline(
+    estimates: MemoryEstimate | Sequence[MemoryEstimate],
+    path: str,
+    *,
+    labels: Sequence[str] | None = None,
+) -> None:
+    """Write a PNG of live memory over the events of a training step.
+
+    Several estimates (before and after a remedy) share the axes; the
+    background shows the first one's phases (forward, backward, updates,
+    recomputation), and each curve's peak is marked with what holds most
+    memory there.
+    """
+    plt = _pyplot()
+    ests = [estimates] if isinstance(estimates, MemoryEstimate) else list(estimates)
+    if not ests:
+        raise ValueError("timeline needs at least one estimate")
+    labels = list(labels) if labels else [
+        (e.remat and f"recompute {e.remat}") or f"{e.optimizer}, {e.dtype_policy}" for e in ests]
+    fig, ax = plt.subplots(figsize=(10, 5), dpi=130)
+    first = ests[0].timeline
+    n0 = max(len(first), 1)
+    split = next((i for i, p in enumerate(first) if p.phase not in ("forward", "loss")), n0)
+    ax.axvspan(0, split / n0, color=_PHASE_COLORS["forward pass"], lw=0)
+    ax.axvspan(split / n0, 1, color=_PHASE_COLORS["backward pass and updates"], lw=0)
+    colors = ["#1f4e79", "#c0504d", "#4f8a3c", "#7f6084"]
+    unit = GiB if max(e.peak_bytes for e in ests) > GiB else 2**20
+    unit_name = "GiB" if unit == GiB else "MiB"
+    for k, (e, label) in enumerate(zip(ests, labels)):
+        n = max(len(e.timeline), 1)
+        xs = [p.index / n for p in e.timeline]
+        ys = [p.high_bytes / unit for p in e.timeline]
+        ax.plot(xs, ys, color=colors[k % len(colors)], lw=1.6,
+                label=f"{label}: peak {e.peak_bytes / unit:.2f} {unit_name}")
+        top = max(range(len(ys)), key=ys.__getitem__) if ys else 0
+        if ys:
+            ax.plot([xs[top]], [ys[top]], "o", color=colors[k % len(colors)])
+            holder = e.peak_holders[0] if e.peak_holders else None
+            text = f"largest holder: {holder.kind} of {holder.layer}" if holder else ""
+            ax.text(0.99, 0.97 - 0.06 * k, f"{label} peak ({e.peak_phase}). {text}",
+                    transform=ax.transAxes, ha="right", va="top", fontsize=8,
+                    color=colors[k % len(colors)])
+        ax.axhline(e.persistent_bytes / unit, color=colors[k % len(colors)], lw=0.8, ls=":")
+    from matplotlib.patches import Patch
+
+    phases = [Patch(color=c, label=p) for p, c in _PHASE_COLORS.items()]
+    handles, names = ax.get_legend_handles_labels()
+    ax.legend(handles + phases, names + [p.get_label() for p in phases], fontsize=8,
+              loc="lower left", frameon=True, framealpha=0.9)
+    e0 = ests[0]
+    ax.set_title(f"{e0.model_name}, batch {e0.batch_size}: allocator memory through one "
+                 "training step (dotted: held between steps)", fontsize=11)
+    ax.set_xlabel("progress through the step (events of the simulated step)")
+    ax.set_ylabel(f"live memory ({unit_name})")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, max(e.peak_bytes for e in ests) / unit * 1.25)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+plot_timeline = timeline

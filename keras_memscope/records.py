@@ -184,6 +184,15 @@ class MemoryEstimate:
     timing_source: str = ""
     devices: int = 1
     device_batch_size: int = 0
+    recompute_flops: int = 0
+    remat: str = ""
+    step_allocated_bytes: int = 0
+
+    @property
+    def no_reuse_bytes(self) -> int:
+        """Memory if nothing were ever freed or reused: the persistent part
+        plus every tensor one training step allocates."""
+        return self.persistent_bytes + self.step_allocated_bytes
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "unsupported", _freeze_counts(self.unsupported))

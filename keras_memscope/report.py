@@ -78,6 +78,10 @@ def render_summary(est: MemoryEstimate, *, max_holders: int = 5) -> str:
              time_line, "", render_breakdown(est),
              f"Saved activations at the end of the forward pass: "
              f"{human_bytes(est.saved_activations_bytes)}",
+             f"Without freeing or reuse, one step would need "
+             f"{human_bytes(est.no_reuse_bytes)}; liveness and in-place buffers bring the "
+             f"peak to {human_bytes(est.peak_bytes)} "
+             f"({est.no_reuse_bytes / max(est.peak_bytes, 1):.1f} x less)",
              "", totals, "", f"Peak during the {est.peak_phase} phase; largest holders:"]
     for h in est.peak_holders[:max_holders]:
         lines.append(f"  {human_bytes(h.bytes):>10}  {h.kind:<17} {h.layer}")

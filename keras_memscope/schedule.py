@@ -67,6 +67,7 @@ class PrimCost:
     macs: int
     kernel: str = ""
     gemm_min_dim: int = 0
+    recomputed: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +87,7 @@ class StepResult:
     timeline: tuple[TimelinePoint, ...]
     holders: tuple[Holder, ...]
     costs: tuple[PrimCost, ...] = ()
+    allocated_bytes: int = 0  # every allocation of the measured step, summed
 
 
 @dataclasses.dataclass
@@ -123,20 +125,27 @@ class _Simulator:
         self.timeline: list[TimelinePoint] = []
         self.recording = False
         self.event_high = 0
+        self.allocated = 0
 
     @property
     def live(self) -> int:
         return self.allocator.in_use
 
-    def alloc(self, nbytes: int, layer: str, kind: str, pieces: int = 1) -> int:
+    def alloc(self, nbytes: int, layer: str, kind: str, pieces: int = 1,
+              sizes: Sequence[int] = ()) -> int:
         """One buffer, made of ``pieces`` equal allocations (a loop's per-step
-        tensors are many small allocations, not one large one)."""
+        tensors are many small allocations, not one large one), or of
+        allocations of the given ``sizes``."""
         pieces = max(1, pieces)
-        size = -(-nbytes // pieces)
-        handles = [self.allocator.alloc(size)[0] for _ in range(pieces)]
+        if not sizes:
+            sizes = [-(-nbytes // pieces)] * pieces
+        handles = [self.allocator.alloc(n)[0] for n in sizes]
+        total = sum(round_up(n) for n in sizes)
+        if self.recording:
+            self.allocated += total
         bid = self.next_buffer
         self.next_buffer += 1
-        self.buffers[bid] = _Buffer(round_up(size) * pieces, layer, kind, pieces=pieces)
+        self.buffers[bid] = _Buffer(total, layer, kind, pieces=len(sizes))
         self.handles[bid] = handles
         return bid
 
@@ -175,6 +184,7 @@ def simulate(
     update_lag: int = 1,
     weight_grad_lag: int = 0,
     all_reduce_bytes: int = 0,
+    remat: Sequence[Sequence[tuple[int, int]]] = (),
     allocator: str = "bfc",
     granule: int = 256,
 ) -> StepResult:
@@ -183,6 +193,11 @@ def simulate(
     ``persistent`` lists ``(kind, bytes)`` or ``(kind, bytes, weight_key)``
     allocations held across steps, in the order they are made (weights, the
     batch, optimizer slots).
+
+    ``remat`` lists rematerialized regions, each a run of consecutive prims
+    given as ``(layer index, prim position)``: as ``tf.recompute_grad`` does, a
+    region keeps only its inputs through the forward pass and runs its forward
+    prims again just before its gradients.
     """
     flats, tensor_bytes, weight_of = _flatten(ops)
     weight_trainable = {w.key: w.trainable for op in ops for w in op.weights}
@@ -212,6 +227,19 @@ def simulate(
             for t in f.grad_ins:
                 leads_to_loss[t] = True
 
+    position = {(f.op.index, pos): i for i, (f, pos) in enumerate(_positions(flats))}
+    region_of: dict[int, int] = {}
+    regions: list[list[int]] = []
+    for members in remat:
+        idx = sorted(position[m] for m in members if m in position)
+        if not idx:
+            continue
+        if idx != list(range(idx[0], idx[-1] + 1)):
+            raise ValueError("a rematerialized region must be consecutive prims")
+        for i in idx:
+            region_of[i] = len(regions)
+        regions.append(idx)
+
     # A weight whose value an input gradient still reads when its update runs
     # (dx = g @ W^T beside the update of W) is copied before it is written.
     copy_on_write: set[int] = set()
@@ -228,9 +256,21 @@ def simulate(
                                      if t in weight_of and weight_trainable[weight_of[t]])
             for t in wants:
                 grad_pending0[t] += 1
+    region_inputs: list[tuple[int, ...]] = []
+    for idx in regions:
+        made = {t for i in idx for t in flats[i].outs}
+        needed = any(flats[i].needs_backward for i in idx)
+        region_inputs.append(tuple(dict.fromkeys(
+            t for i in idx for t in flats[i].ins
+            if t not in made and t not in external)) if needed else ())
+    for i, f in enumerate(flats):
         for t in f.ins:
             holders0[t] += 1
-        for t in f.saved:
+        if i not in region_of:  # a region keeps its inputs instead (below)
+            for t in f.saved:
+                holders0[t] += 1
+    for held in region_inputs:
+        for t in held:
             holders0[t] += 1
     for t in model_inputs:
         holders0[t] += 1  # the caller holds its batch
@@ -388,12 +428,13 @@ def simulate(
 
         def workspace(f: _Flat, ts: Sequence[int], extra: int = 0) -> int | None:
             p = f.prim
-            ws_bytes = extra + sum(
-                n for ref, n in p.workspace_for
-                if ref in p.inputs and f.ins[p.inputs.index(ref)] in ts)
+            own = sum(n for ref, n in p.workspace_for
+                      if ref in p.inputs and f.ins[p.inputs.index(ref)] in ts)
+            ws_bytes = extra + own
             if not ws_bytes:
                 return None
-            ws = sim.alloc(ws_bytes, f.op.name, WORKSPACE)
+            parts = p.backward_workspace_parts if extra and not own else ()
+            ws = sim.alloc(ws_bytes, f.op.name, WORKSPACE, sizes=parts)
             layer_workspace[f.op.index] = max(layer_workspace[f.op.index],
                                               sim.buffers[ws].nbytes)
             return ws
@@ -412,15 +453,60 @@ def simulate(
         # The input gradients are on the critical path; the weight-gradient
         # kernels start at the same time and, with ``weight_grad_lag`` > 0, end
         # while the next ops' gradients run (a second thread or stream).
+        def recompute(r: int) -> None:
+            """Run a region's forward prims again, keeping what its gradients
+            read (tf.recompute_grad), before those gradients run."""
+            idx = regions[r]
+            saved_here: dict[int, int] = defaultdict(int)
+            for i in idx:
+                for t in flats[i].saved:
+                    saved_here[t] += 1
+            for i in idx:
+                g = flats[i]
+                if g.prim.alias:
+                    continue
+                for t, nbytes in zip(g.outs, (b for _, b in g.prim.outputs)):
+                    if saved_here.get(t) and t not in buffer_of:
+                        holders[t] = saved_here[t]
+                        attach(t, sim.alloc(nbytes, g.op.name, ACTIVATION))
+                    elif not saved_here.get(t):
+                        tmp = sim.alloc(nbytes, g.op.name, WORKSPACE)
+                        sim.check("recompute")
+                        sim.free(tmp)
+                if g.prim.forward_workspace_bytes:
+                    ws = sim.alloc(g.prim.forward_workspace_bytes, g.op.name, WORKSPACE)
+                    sim.check("recompute")
+                    sim.free(ws)
+                sim.check("recompute")
+                sim.point("recompute", g.op.name, g.prim.name)
+
         pending: deque[tuple[_Flat, list[int], list[int], int | None]] = deque()
-        for f in reversed(flats):
+        seen_regions: set[int] = set()
+        for i_flat in range(len(flats) - 1, -1, -1):
+            f = flats[i_flat]
+            r = region_of.get(i_flat)
+            if r is not None and r not in seen_regions:
+                seen_regions.add(r)
+                if region_inputs[r]:
+                    recompute(r)
             if not f.needs_backward:
+                if r is not None and i_flat == regions[r][0]:
+                    for t in region_inputs[r]:
+                        release(t)
                 continue
             op, p = f.op, f.prim
             out_grads = [grad_of.pop(t) for t in f.outs if t in grad_of]
             xts = [t for t in f.input_grads if t not in weight_of]
             wts = [t for t in f.input_grads if t in weight_of]
             reusable = list(out_grads) if p.grad_inplace else []
+            # the gradient's own intermediates come before the gradients it
+            # hands back, and stay until those are written
+            pre = None
+            if p.backward_workspace_bytes and xts:
+                pre = sim.alloc(p.backward_workspace_bytes, op.name, WORKSPACE,
+                                sizes=p.backward_workspace_parts)
+                layer_workspace[op.index] = max(layer_workspace[op.index],
+                                                sim.buffers[pre].nbytes)
             for t in xts:
                 nbytes = round_up(tensor_bytes[t], granule)
                 bid = next((b for b in reusable if sim.buffers[b].nbytes == nbytes), None)
@@ -435,16 +521,22 @@ def simulate(
                 partial[t].append(sim.alloc(tensor_bytes[t], op.name, GRADIENT))
             sim.check("backward")
             # a gradient kernel's temporaries live beside the gradients it writes
-            ws_x = workspace(f, xts, p.backward_workspace_bytes)
+            ws_x = workspace(f, xts, 0 if pre is not None else p.backward_workspace_bytes)
             ws_w = workspace(f, wts)
             sim.check("backward")
-            if ws_x is not None:
-                sim.free(ws_x)
+            for ws in (pre, ws_x):
+                if ws is not None:
+                    sim.free(ws)
             settle(xts)
             sim.point("backward", op.name, p.name)
             pending.append((f, wts, out_grads, ws_w))
             while len(pending) > weight_grad_lag:
                 finish_weights(pending.popleft())
+            if r is not None and i_flat == regions[r][0]:
+                while pending:  # the region's gradients are done with its inputs
+                    finish_weights(pending.popleft())
+                for t in region_inputs[r]:
+                    release(t)
         while pending:
             finish_weights(pending.popleft())
         if all_reduce_bytes:
@@ -485,14 +577,15 @@ def simulate(
         layer_workspace_bytes=dict(layer_workspace),
         timeline=tuple(sim.timeline),
         holders=holders_at_peak,
-        costs=tuple(_costs(flats, tensor_bytes, weight_of)),
+        costs=tuple(_costs(flats, tensor_bytes, weight_of, set(region_of))),
+        allocated_bytes=sim.allocated,
     )
 
 
 def _costs(flats: list[_Flat], tensor_bytes: dict[int, int],
-           weight_of: dict[int, int]) -> list[PrimCost]:
+           weight_of: dict[int, int], recomputed: set[int] = frozenset()) -> list[PrimCost]:
     out = []
-    for f in flats:
+    for i, f in enumerate(flats):
         p = f.prim
         if p.alias:
             out.append(PrimCost(f.op.index, 0, 0, 0, 0, 0, 0))
@@ -512,7 +605,19 @@ def _costs(flats: list[_Flat], tensor_bytes: dict[int, int],
             bwd_bytes = int(p.passes * (out_bytes + sum(tensor_bytes.get(t, 0) for t in f.saved)
                                         + sum(tensor_bytes.get(t, 0) for t in f.input_grads)))
         out.append(PrimCost(f.op.index, fwd, fwd_bytes, bwd_in, bwd_w, bwd_bytes, p.macs,
-                            p.kernel, p.gemm_min_dim))
+                            p.kernel, p.gemm_min_dim, i in recomputed))
+    return out
+
+
+def _positions(flats: list[_Flat]) -> list[tuple[_Flat, int]]:
+    """Each flat prim with its position within its layer's prims."""
+    out = []
+    last, pos = None, 0
+    for f in flats:
+        if f.op is not last:
+            last, pos = f.op, 0
+        out.append((f, pos))
+        pos += 1
     return out
 
 

@@ -119,8 +119,11 @@ def layer_times(costs: Iterable[PrimCost], profile: DeviceProfile,
         a[5] += c.forward_bytes + c.backward_bytes
         if not c.forward_flops and not c.forward_bytes:
             continue  # a view: no kernel runs
-        a[3] += op_time(c.forward_flops, c.forward_bytes, profile, dtype, family=c.kernel,
+        fwd_t = op_time(c.forward_flops, c.forward_bytes, profile, dtype, family=c.kernel,
                         min_dim=c.gemm_min_dim)
+        a[3] += fwd_t
+        if c.recomputed:  # run again before its gradients
+            a[4] += fwd_t
         bwd_flops = c.backward_input_flops + c.backward_weight_flops
         if not (bwd_flops or c.backward_bytes):
             continue

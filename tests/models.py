@@ -134,3 +134,27 @@ ZOO = {
     "frozen_backbone": frozen_backbone,
     "custom_layer": custom_layer,
 }
+
+
+@keras.saving.register_keras_serializable(package="memscope_tests")
+class Gated(keras.layers.Layer):
+    """A custom layer with internal temporaries no rule knows:
+    ``sigmoid(x^2 * w) * x``; its gradient keeps x^2, the sigmoid and x."""
+
+    def build(self, input_shape):
+        self.w = self.add_weight(shape=(input_shape[-1],), initializer="ones")
+
+    def call(self, x):
+        import tensorflow as tf
+
+        h = tf.square(x)
+        return tf.sigmoid(h * self.w) * x
+
+
+def gated_mlp() -> keras.Model:
+    x = keras.Input((2048,))
+    h = layers.Dense(2048)(x)
+    h = Gated()(h)
+    h = layers.Dense(2048)(h)
+    h = Gated()(h)
+    return keras.Model(x, layers.Dense(10)(h), name="gated_mlp")

@@ -85,12 +85,17 @@ def test_unknown_layer_falls_back_and_warns_once():
     est_module._WARNED.discard("Scale")
     with pytest.warns(UserWarning, match="no cost rule for Scale"):
         est = memscope.estimate(models.custom_layer(), batch_size=4, optimizer="sgd",
-                                device="cpu")
+                                device="cpu", method="rules")
     assert dict(est.unsupported) == {"Scale": 1}
     assert est.params == models.custom_layer().count_params()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        memscope.estimate(models.custom_layer(), batch_size=4, optimizer="sgd", device="cpu")
+        memscope.estimate(models.custom_layer(), batch_size=4, optimizer="sgd", device="cpu",
+                          method="rules")
+        # the graph method (the default) reads the layer off TensorFlow's graph
+        graph = memscope.estimate(models.custom_layer(), batch_size=4, optimizer="sgd",
+                                  device="cpu")
+    assert graph.method == "graph" and not graph.unsupported
 
 
 def test_frozen_backbone_keeps_less():

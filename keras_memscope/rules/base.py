@@ -103,6 +103,7 @@ def _rename(p: Prim, names: dict[str, str]) -> Prim:
         passes=p.passes,
         kernel=p.kernel,
         gemm_min_dim=p.gemm_min_dim,
+        role=p.role,
     )
 
 
@@ -190,7 +191,17 @@ def activation_name(fn: Any) -> str:
 
 
 def apply_activation(b: Builder, name: str, src: str, nbytes: int) -> str:
-    """Append the prims of activation ``name`` applied to ``src``."""
+    """Append the prims of activation ``name`` applied to ``src`` (their role
+    is ``"activation"``)."""
+    first = len(b.prims)
+    try:
+        return _activation_prims(b, name, src, nbytes)
+    finally:
+        b.prims[first:] = [Prim(**{**p.__dict__, "role": "activation"})
+                           for p in b.prims[first:]]
+
+
+def _activation_prims(b: Builder, name: str, src: str, nbytes: int) -> str:
     kind = _ACTIVATION_KIND.get(name, "unknown")
     n_el = nbytes  # element-wise: every intermediate has the input's size
     if kind == "none":

@@ -49,6 +49,15 @@ _TARGET_WORKING_SET_BYTES = 30 << 20
 
 
 def conv_backward_workspace(call: CallRecord, itemsize: int = 4) -> tuple[int, int]:
+    """Temporary bytes of (filter gradient, input gradient) on the CPU for a
+    convolution call (see :func:`col_buffers`)."""
+    layer = call.layer
+    fmt = getattr(layer, "data_format", "channels_last")
+    return col_buffers(call.outputs[0].shape, tuple(layer.kernel.shape), fmt, itemsize)
+
+
+def col_buffers(out_shape: tuple[int, ...], kernel_shape: tuple[int, ...],
+                data_format: str = "channels_last", itemsize: int = 4) -> tuple[int, int]:
     """Temporary bytes of (filter gradient, input gradient) on the CPU.
 
     Both kernels run im2col over ``shard`` images at a time into a column
@@ -62,22 +71,16 @@ def conv_backward_workspace(call: CallRecord, itemsize: int = 4) -> tuple[int, i
     """
     from ..devices import cpu_cache_facts
 
-    layer = call.layer
-    kernel = tuple(layer.kernel.shape)
-    out = call.outputs[0].shape
-    fmt = getattr(layer, "data_format", "channels_last")
-    spatial = out[2:] if fmt == "channels_first" else out[1:-1]
-    batch = out[0]
+    spatial = out_shape[2:] if data_format == "channels_first" else out_shape[1:-1]
+    batch = out_shape[0]
     image = math.prod(spatial)
-    filter_total = math.prod(kernel[:-1])
-    out_depth = kernel[-1]
+    filter_total = math.prod(kernel_shape[:-1])
+    out_depth = kernel_shape[-1]
     target = _TARGET_WORKING_SET_BYTES // itemsize
     work = image * filter_total + image * out_depth + filter_total * out_depth
     l2_bytes, threads = cpu_cache_facts()
     full_shard = -(-target // work)
-
-    filt_shard = 1 if batch == 1 else full_shard
-    filt = filt_shard * image * filter_total
+    filt = (1 if batch == 1 else full_shard) * image * filter_total
     parallel = batch == 1 or work // max(threads, 1) >= l2_bytes // itemsize
     inp = (1 if parallel else full_shard) * image * filter_total
     return filt * itemsize, inp * itemsize

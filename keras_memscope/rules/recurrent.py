@@ -122,7 +122,7 @@ def _prefixed(prims: list[Prim], prefix: str, mapping: dict[str, str],
             workspace_for=tuple((r(k), v) for k, v in p.workspace_for),
         output_pieces=tuple((r(k), v) for k, v in p.output_pieces),
             grad_inplace=p.grad_inplace, macs=p.macs, flops=p.flops,
-            passes=p.passes, kernel=p.kernel, gemm_min_dim=p.gemm_min_dim))
+            passes=p.passes, kernel=p.kernel, gemm_min_dim=p.gemm_min_dim, role=p.role))
     return out
 
 

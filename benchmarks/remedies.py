@@ -1,0 +1,126 @@
+"""Predicted against measured saving of each remedy, on this CPU.
+
+For each model, the baseline training step and the step with one remedy are
+measured (fresh processes, BFC allocator, the highest of 3 processes' maxima)
+and estimated (``memscope.whatif``). The saving is baseline minus remedy; the
+error is (predicted saving - measured saving) / measured saving.
+
+    python -m benchmarks.remedies
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+
+CACHE = Path(__file__).parent / "results" / "measured_remedies.json"
+
+# model, batch, remedy name, whatif arguments
+CASES = [
+    ("mlp_gelu", 1024, "RematScope activations", {"remat": "activations"}),
+    ("mlp_gelu", 1024, "SGD instead of Adam", {"optimizer": "sgd"}),
+    ("resnet50", 16, "mixed_bfloat16", {"dtype_policy": "mixed_bfloat16"}),
+    ("resnet50", 16, "SGD instead of Adam", {"optimizer": "sgd"}),
+    ("resnet50", 16, "batch 8 x 2 accumulation", {"accumulation_steps": 2}),
+    ("resnet50", 16, "freeze first half", {"freeze": "half"}),
+    ("transformer", 16, "RematScope activations", {"remat": "activations"}),
+    ("transformer", 16, "mixed_bfloat16", {"dtype_policy": "mixed_bfloat16"}),
+]
+
+
+def _first_half(model: keras.Model) -> list[str]:
+    names = [layer.name for layer in model._flatten_layers(include_self=False)
+             if layer.weights and not layer._flatten_layers(include_self=False,
+                                                           recursive=False)]
+    return names[: len(names) // 2]
+
+
+def build(name: str, policy: str | None = None, remat: str | None = None,
+          freeze: bool = False) -> keras.Model:
+    """A zoo model built as the remedy asks (used by the measuring processes)."""
+    from benchmarks import zoo
+
+    if policy:
+        keras.config.set_dtype_policy(policy)
+    scope = keras.RematScope(mode=remat) if remat else contextlib.nullcontext()
+    with scope:
+        model = getattr(zoo, name)()
+    if freeze:
+        chosen = set(_first_half(model))
+        for layer in model._flatten_layers(include_self=False):
+            if layer.name in chosen:
+                layer.trainable = False
+    return model
+
+
+def _spec(name: str, batch: int, change: dict) -> dict:
+    kwargs = {"name": name}
+    optimizer: object = change.get("optimizer", "adam")
+    if "dtype_policy" in change:
+        kwargs["policy"] = change["dtype_policy"]
+    if "remat" in change:
+        kwargs["remat"] = change["remat"]
+    if change.get("freeze"):
+        kwargs["freeze"] = True
+    if "accumulation_steps" in change:
+        k = change["accumulation_steps"]
+        optimizer = keras.optimizers.serialize(keras.optimizers.Adam(
+            gradient_accumulation_steps=k))
+        batch = -(-batch // k)
+    return {"builder": "benchmarks.remedies:build", "builder_kwargs": kwargs,
+            "batch_size": batch, "optimizer": optimizer, "steps": 5, "device": "cpu",
+            "loss": "sparse_categorical_crossentropy"}
+
+
+def measured(spec: dict, cache: dict, processes: int = 3) -> int:
+    from keras_memscope.measure import measure_subprocess
+
+    key = json.dumps(spec, sort_keys=True)
+    if key not in cache:
+        cache[key] = [max(measure_subprocess(spec)["step_peak_bytes"])
+                      for _ in range(processes)]
+        CACHE.parent.mkdir(exist_ok=True)
+        CACHE.write_text(json.dumps(cache, indent=1))
+    return max(cache[key])
+
+
+def main() -> int:
+    import keras_memscope as memscope
+    from benchmarks import zoo
+
+    cache = json.loads(CACHE.read_text()) if CACHE.exists() else {}
+    mib = 2**20
+    print("| model | batch | remedy | measured MiB (before -> after) | saving measured | "
+          "saving predicted | error |")
+    print("|---|---|---|---|---|---|---|")
+    errors = []
+    for name, batch, title, change in CASES:
+        base_m = measured(_spec(name, batch, {}), cache)
+        rem_m = measured(_spec(name, batch, change), cache)
+        keras.utils.clear_session()
+        model = getattr(zoo, name)()
+        args = dict(change)
+        if args.get("freeze") == "half":
+            args["freeze"] = _first_half(model)
+        base_e = memscope.estimate(model, batch, optimizer="adam", device="cpu")
+        args.setdefault("optimizer", "adam")
+        rem_e = memscope.whatif(model, batch, device="cpu", **args)
+        saved_m = base_m - rem_m
+        saved_e = base_e.peak_bytes - rem_e.peak_bytes
+        err = (saved_e - saved_m) / saved_m if saved_m else float("nan")
+        errors.append(abs(err))
+        print(f"| {name} | {batch} | {title} | {base_m / mib:.0f} -> {rem_m / mib:.0f} | "
+              f"{saved_m / mib:.0f} MiB | {saved_e / mib:.0f} MiB | {err:+.0%} |", flush=True)
+    print(f"\nworst |error| {max(errors):.0%} over {len(errors)} remedies")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

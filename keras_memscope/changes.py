@@ -1,0 +1,177 @@
+"""What if? The estimate under a change, and the change applied for real.
+
+``whatif`` answers "how much would mixed precision / recomputation / another
+optimizer / gradient accumulation / freezing save?" without the user
+rebuilding anything; ``apply`` builds the changed model for a training run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from .records import MemoryEstimate
+
+Freeze = Iterable[str] | Callable[[Any], bool] | None
+
+
+def _layers(model: Any) -> dict[str, Any]:
+    return {layer.name: layer for layer in model._flatten_layers(include_self=False)}
+
+
+def _chosen(model: Any, freeze: Freeze) -> list[Any]:
+    layers = _layers(model)
+    if callable(freeze):
+        return [layer for layer in layers.values() if freeze(layer)]
+    chosen = []
+    for name in freeze or ():
+        if name not in layers:
+            raise ValueError(f"no layer named {name!r} in model {model.name!r}")
+        chosen.append(layers[name])
+    return chosen
+
+
+@contextlib.contextmanager
+def frozen(model: Any, freeze: Freeze) -> Iterator[None]:
+    """Layers set non-trainable for the duration, then restored."""
+    chosen = _chosen(model, freeze)
+    before = [layer.trainable for layer in chosen]
+    try:
+        for layer in chosen:
+            layer.trainable = False
+        yield
+    finally:
+        for layer, was in zip(chosen, before):
+            layer.trainable = was
+
+
+def accumulating(optimizer: Any, model: Any, steps: int) -> Any:
+    """A copy of the (resolved) optimizer that accumulates ``steps`` gradients."""
+    from .optimizers import resolve
+
+    opt, _ = resolve(optimizer, model)
+    config = opt.get_config()
+    if "inner_optimizer" in config:  # a LossScaleOptimizer: accumulate inside
+        inner = opt.inner_optimizer.get_config()
+        inner["gradient_accumulation_steps"] = steps
+        return type(opt)(type(opt.inner_optimizer).from_config(inner))
+    config["gradient_accumulation_steps"] = steps
+    return type(opt).from_config(config)
+
+
+def whatif(
+    model: Any,
+    batch_size: int,
+    *,
+    dtype_policy: str | None = None,
+    optimizer: Any = None,
+    remat: Any = None,
+    accumulation_steps: int | None = None,
+    freeze: Freeze = None,
+    **options: Any,
+) -> MemoryEstimate:
+    """The estimate of a training step of ``model`` under one or more changes.
+
+    Args:
+        model: as for :func:`estimate`.
+        batch_size: the effective batch; with ``accumulation_steps=k`` each
+            step trains on ``ceil(batch_size / k)`` samples and the optimizer
+            accumulates k gradients.
+        dtype_policy: e.g. ``"mixed_bfloat16"``.
+        optimizer: a name or an instance.
+        remat: as for :func:`estimate` (a RematScope mode, ``"checkpoints"``,
+            a number of segments).
+        accumulation_steps: gradient accumulation.
+        freeze: layer names, or a predicate on layers, to make non-trainable.
+        options: more :func:`estimate` options (``device``, ``input_shape``...).
+    """
+    from .estimator import _check_batch_size, estimate
+    from .transform import resolve_model
+
+    model = resolve_model(model)
+    batch_size = _check_batch_size(batch_size)
+    step_batch = batch_size
+    if accumulation_steps is not None:
+        if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) \
+                or accumulation_steps < 1:
+            raise ValueError(f"accumulation_steps must be a positive integer, got "
+                             f"{accumulation_steps!r}")
+        step_batch = -(-batch_size // accumulation_steps)
+        optimizer = accumulating(optimizer, model, accumulation_steps)
+    with frozen(model, freeze):
+        est = estimate(model, step_batch, dtype_policy=dtype_policy, optimizer=optimizer,
+                       remat=remat, **options)
+    changes = []
+    if dtype_policy:
+        changes.append(f"dtype policy {dtype_policy}")
+    if remat is not None:
+        changes.append(f"recompute {est.remat}")
+    if accumulation_steps:
+        changes.append(f"batch {step_batch} x {accumulation_steps} accumulation steps "
+                       f"(effective batch {batch_size})")
+    if freeze is not None:
+        changes.append(f"{len(_chosen(model, freeze))} layer(s) frozen")
+    if optimizer is not None and not accumulation_steps:
+        changes.append(f"optimizer {est.optimizer}")
+    if changes:
+        import dataclasses
+
+        est = dataclasses.replace(est, notes=(*est.notes, "what-if: " + "; ".join(changes)))
+    return est
+
+
+def apply(
+    model: Any,
+    *,
+    dtype_policy: str | None = None,
+    optimizer: Any = None,
+    remat: Any = None,
+    accumulation_steps: int | None = None,
+    freeze: Freeze = None,
+    loss: Any = None,
+) -> Any:
+    """A new model with the changes applied, ready for ``fit``: rebuilt from
+    the config under the dtype policy and ``keras.RematScope`` (Keras modes
+    only), the original weights copied in, the layers frozen, compiled with
+    the optimizer (accumulating gradients when asked) and the original loss.
+    """
+    import keras
+
+    from .remat import FAILS_IN_FIT_ON_TF, parse_remat
+    from .transform import _check_rebuildable, _set_policy
+
+    _check_rebuildable(model, "apply()")
+    spec = parse_remat(remat)
+    if spec is not None and spec.mode == "checkpoints":
+        raise ValueError("Keras has no segment checkpointing: use remat='activations' "
+                         "(or wrap blocks in keras.remat yourself)")
+    if spec is not None and spec.mode in FAILS_IN_FIT_ON_TF:
+        import warnings
+
+        warnings.warn(f"RematScope mode {spec.mode!r} fails inside fit() on TensorFlow "
+                      "(keras#21207); mode='activations' works", stacklevel=2)
+    config = model.get_config()
+    if dtype_policy is not None:
+        config = _set_policy(config, dtype_policy)
+    previous = keras.config.dtype_policy()
+    scope = (keras.RematScope(mode=spec.mode, output_size_threshold=spec.output_size_threshold,
+                              layer_names=list(spec.layer_names))
+             if spec is not None else contextlib.nullcontext())
+    try:
+        if dtype_policy is not None:
+            keras.config.set_dtype_policy(dtype_policy)
+        with scope:
+            new = type(model).from_config(config)
+    finally:
+        keras.config.set_dtype_policy(previous)
+    new.set_weights(model.get_weights())
+    for layer in _chosen(new, freeze):
+        layer.trainable = False
+    opt = optimizer if optimizer is not None else getattr(model, "optimizer", None) or "adam"
+    if accumulation_steps:
+        opt = accumulating(opt, model, accumulation_steps)
+    elif isinstance(opt, keras.optimizers.Optimizer):
+        opt = type(opt).from_config(opt.get_config())
+    new.compile(optimizer=opt, loss=loss or getattr(model, "loss", None))
+    return new

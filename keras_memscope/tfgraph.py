@@ -1,0 +1,385 @@
+"""The graph method: a layer call's prims read off TensorFlow's own graph.
+
+For each distinct layer call (class, configuration, input shapes), the layer is
+called once more on placeholders inside a ``tf.function`` with a gradient
+tape, and the forward and gradient ops TensorFlow builds are turned into prims:
+
+* every forward op is a prim with its real output sizes; ops that return a
+  view (``Reshape``, ``Identity``, ``ReadVariableOp``...) allocate nothing,
+  element-wise ops may write into their input (TensorFlow's buffer forwarding);
+* a forward tensor that any gradient op reads is kept until the backward pass
+  (attached to the op that made it) - exactly what the gradient needs, for any
+  layer, including custom ones;
+* the gradient ops' own intermediates become the backward workspace.
+
+What Keras layers' ``call`` does in plain TensorFlow is seen too, which the
+rules cannot see. Calls are cached by signature, so a ResNet's repeated
+blocks are traced once each.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from .graph import CallRecord
+from .ir import Prim, prim
+from .units import DTYPE_BYTES
+
+#: Ops whose output is a view of an input or of a variable: no allocation.
+VIEW_OPS = {
+    "Reshape", "Identity", "IdentityN", "Squeeze", "ExpandDims", "StopGradient",
+    "ReadVariableOp", "Snapshot", "EnsureShape", "PreventGradient", "Placeholder",
+}
+#: Ops that allocate nothing worth counting (shapes, constants, bookkeeping).
+FREE_OPS = {
+    "Const", "Shape", "ShapeN", "Size", "Rank", "NoOp", "VarHandleOp", "AssignVariableOp",
+    "AssignAddVariableOp", "AssignSubVariableOp", "StatelessRandomGetKeyCounter",
+    "BroadcastGradientArgs", "ZerosLike", "OnesLike", "Fill", "Range",
+}
+#: Ops that read only their input's shape.
+SHAPE_ONLY_OPS = {"Shape", "ShapeN", "Size", "Rank", "ZerosLike", "OnesLike",
+                  "BroadcastGradientArgs", "TensorListElementShape"}
+#: Element-wise kernels that write into an input buffer nobody else holds.
+FORWARDING_OPS = {
+    "Relu", "Relu6", "Elu", "Selu", "Sigmoid", "Tanh", "Neg", "Abs", "Exp", "Log", "Sqrt",
+    "Rsqrt", "Square", "Erf", "Softplus", "Softsign", "AddV2", "Add", "Sub", "Mul",
+    "RealDiv", "Div", "Maximum", "Minimum", "SquaredDifference", "Pow", "BiasAdd", "Cast",
+    "SelectV2", "Select", "LeakyRelu", "Reciprocal", "Sin", "Cos",
+}
+#: Gradient kernels of element-wise ops, forwarding the same way.
+FORWARDING_GRAD_OPS = {
+    "ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "SigmoidGrad", "TanhGrad", "SoftplusGrad",
+    "SoftsignGrad", "RsqrtGrad", "SqrtGrad", "ReciprocalGrad", "LeakyReluGrad", "AddN",
+}
+#: Kernel families for the time model.
+_FAMILY = {"MatMul": "matmul", "BatchMatMulV2": "matmul", "BatchMatMulV3": "matmul",
+           "Einsum": "matmul", "Conv2D": "conv", "Conv3D": "conv", "Conv1D": "conv",
+           "DepthwiseConv2dNative": "conv", "Conv2DBackpropInput": "conv",
+           "Mean": "reduce", "Sum": "reduce", "Max": "reduce"}
+
+_CACHE: dict[str, list[Prim]] = {}
+
+
+def _bytes(t: Any) -> int:
+    shape = t.shape
+    if shape.rank is None or any(d is None for d in shape):
+        return 0
+    name = t.dtype.name
+    return math.prod(int(d) for d in shape) * DTYPE_BYTES.get(name, 4)
+
+
+def _signature(call: CallRecord) -> str:
+    layer = call.layer
+    try:
+        config_dict = dict(layer.get_config())
+        config_dict.pop("name", None)  # identical layers differ only in name
+        config = json.dumps(config_dict, sort_keys=True, default=str)
+    except Exception:
+        config = str(id(layer))
+    shapes = [(t.shape, t.dtype) for t in call.inputs]
+    trainable = [w.trainable for w in call.weights]
+    return f"{type(layer).__qualname__}|{config}|{shapes}|{trainable}"
+
+
+ACTIVATION_SCOPE = "memscope_activation"
+_CALL_OPS = ("StatefulPartitionedCall", "PartitionedCall")
+
+
+def _macs(op: Any) -> int:
+    """Multiply-accumulates of a matmul or convolution op (static shapes)."""
+    try:
+        out = op.outputs[0].shape
+        if op.type in ("MatMul", "BatchMatMulV2", "BatchMatMulV3"):
+            a = op.inputs[0].shape
+            transpose = op.get_attr("transpose_a") if op.type == "MatMul" else op.get_attr("adj_x")
+            k = a[-2] if transpose else a[-1]
+            return math.prod(out) * int(k)
+        if op.type in ("Conv2D", "Conv3D"):
+            f = op.inputs[1].shape
+            return math.prod(out) * math.prod(int(d) for d in f[:-1])
+        if op.type in ("Conv2DBackpropInput", "Conv3DBackpropInputV2"):
+            # a transposed convolution run forward: every input element is
+            # scattered through the kernel
+            f = op.inputs[1].shape
+            return math.prod(op.inputs[2].shape) * math.prod(int(d) for d in f[:-1])
+        if op.type == "DepthwiseConv2dNative":
+            f = op.inputs[1].shape
+            return math.prod(out) * int(f[0]) * int(f[1])
+        if op.type in _CALL_OPS:
+            # a nested function (Keras compiles grouped convolutions with XLA
+            # on the CPU): the sum of its own ops
+            fn = op.graph._get_function(op.get_attr("f").name)
+            return sum(_macs(inner) for inner in fn.graph.get_operations())
+        if op.type == "Einsum":
+            from .rules.core import einsum_macs
+
+            return einsum_macs(op.get_attr("equation").decode(),
+                               [tuple(int(d) for d in t.shape) for t in op.inputs])
+    except Exception:
+        return 0
+    return 0
+
+
+def traced_prims(call: CallRecord) -> list[Prim]:
+    """The prims of one layer call, from TensorFlow's graph of its forward and
+    gradient (cached by the call's signature)."""
+    key = _signature(call)
+    if key not in _CACHE:
+        _CACHE[key] = _trace(call)
+    # the cached prims name weights by position; this call's names replace them
+    names = {f"w#{i}": f"w:{w.name}" for i, w in enumerate(call.weights)}
+    return [_rename_weights(p, names) for p in _CACHE[key]]
+
+
+def _rename_weights(p: Prim, names: dict[str, str]) -> Prim:
+    def r(x: str) -> str:
+        return names.get(x, x)
+
+    return Prim(**{**p.__dict__,
+                   "inputs": tuple(map(r, p.inputs)),
+                   "outputs": tuple((r(x), b) for x, b in p.outputs),
+                   "save": tuple(map(r, p.save)),
+                   "save_for": tuple((r(k), tuple(map(r, v))) for k, v in p.save_for),
+                   "differentiable": None if p.differentiable is None
+                   else tuple(map(r, p.differentiable)),
+                   "inplace": tuple(map(r, p.inplace)),
+                   "workspace_for": tuple((r(k), v) for k, v in p.workspace_for)})
+
+
+def _trace(call: CallRecord) -> list[Prim]:
+    import keras
+    import tensorflow as tf
+    from keras import tree
+
+    layer = call.layer
+    specs = [tf.TensorSpec(t.shape, t.dtype) for t in call.inputs]
+    # the gradients arriving at the outputs come in as arguments too, so that
+    # nothing after the forward ops reads a forward tensor except the gradient
+    grad_specs = [tf.TensorSpec(t.shape, t.dtype) for t in call.outputs
+                  if tf.as_dtype(t.dtype).is_floating]
+    names = list(call.input_names)
+    # the weights come in as arguments too (a StatelessScope): a layer
+    # whose variables were never allocated traces like any other
+    trainable = list(layer.trainable_variables)
+    frozen = list(layer.non_trainable_variables)
+    weight_specs = [tf.TensorSpec(tuple(v.shape), v.dtype) for v in trainable + frozen]
+    boundary: list[int] = []
+    out_names: list[str] = []
+    n_in, n_t = len(specs), len(trainable)
+
+    def step(*all_args: Any) -> Any:
+        xs = all_args[:n_in]
+        tw = list(all_args[n_in:n_in + n_t])
+        ntw = list(all_args[n_in + n_t:n_in + len(weight_specs)])
+        upstream = list(all_args[n_in + len(weight_specs):])
+        by_name = dict(zip(names, xs))
+
+        def swap(v: Any) -> Any:
+            return by_name.get(v.name, v) if isinstance(v, tf.Tensor) else v
+
+        args = tree.map_structure(swap, call.args)
+        kwargs = tree.map_structure(swap, call.kwargs)
+        floats = [x for x in xs if x.dtype.is_floating]
+        if getattr(layer, "_call_has_training_arg", False) and "training" not in kwargs:
+            kwargs["training"] = True
+        mapping = list(zip(trainable + frozen, tw + ntw))
+        with tf.GradientTape() as tape, keras.StatelessScope(state_mapping=mapping):
+            tape.watch(floats + tw)
+            out = layer(*args, **kwargs)  # (through __call__: autocasting applies)
+        outs = [o for o in tree.flatten(out) if isinstance(o, tf.Tensor)]
+        out_names.extend(o.name for o in outs)
+        boundary.append(len(tf.compat.v1.get_default_graph().get_operations()))
+        targets = [o for o in outs if o.dtype.is_floating]
+        grads = tape.gradient(targets, floats + tw,
+                              output_gradients=upstream[:len(targets)] or None)
+        # only the gradients are returned: returning the outputs would add
+        # ops after the forward pass that read them
+        return [g for g in grads if g is not None]
+
+    # the layer's activation runs in a name scope of its own, so that its ops
+    # can be recomputed alone (RematScope mode "activations"); the layer's own
+    # remat mode is off here: the schedule applies recomputation
+    activation = getattr(layer, "activation", None)
+    remat_mode = getattr(layer, "_remat_mode", None)
+
+    def scoped_activation(*a: Any, **k: Any) -> Any:
+        with tf.name_scope(ACTIVATION_SCOPE):
+            return activation(*a, **k)
+
+    try:
+        if callable(activation):
+            layer.activation = scoped_activation
+        if remat_mode is not None:
+            layer._remat_mode = None
+        graph = tf.function(step, autograph=False).get_concrete_function(
+            *specs, *weight_specs, *grad_specs).graph
+    finally:
+        if callable(activation):
+            layer.activation = activation
+        if remat_mode is not None:
+            layer._remat_mode = remat_mode
+    ops = graph.get_operations()
+    split = boundary[0] if boundary else len(ops)
+    loops = {op.type for op in ops[:split]} & {"While", "StatelessWhile", "If", "StatelessIf"}
+    if loops:
+        # the per-iteration tensors a loop keeps live in lists the graph does not size
+        raise NotImplementedError(f"{type(layer).__name__} runs {sorted(loops)[0]}: "
+                                  "its rule is used")
+    return _to_prims(call, graph, ops[:split], ops[split:], out_names)
+
+
+def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
+              backward: list[Any], out_names: list[str]) -> list[Prim]:
+    placeholders = [t for t in graph.inputs if t.dtype.name != "resource"][:len(call.inputs)]
+    ref: dict[str, str] = {t.name: f"in{i}" for i, t in enumerate(placeholders)}
+    # weights: each weight placeholder is the weight's reference
+    ref.update(_variable_refs(call, graph))
+    forward_names = {t.name for op in forward for t in op.outputs}
+    # a gradient op that reads only a tensor's shape does not keep its data
+    saved = {t.name for op in backward if op.type not in SHAPE_ONLY_OPS
+             for t in op.inputs if t.name in forward_names or t.name in ref}
+    tensors = {t.name: t for op in forward for t in op.outputs}
+    tensors.update({t.name: t for t in placeholders})
+    outs = [tensors[n] for n in out_names if n in tensors][:len(call.outputs)]
+    out_ref = {t.name: f"out{i}" for i, t in enumerate(outs)}
+    prims: list[Prim] = []
+    n = 0
+    for op in forward:
+        if op.type in FREE_OPS or op.type == "ReadVariableOp" or not op.outputs:
+            continue
+        inputs = [ref[t.name] for t in op.inputs if t.name in ref]
+        if not inputs and op.type not in ("RandomUniform", "RandomStandardNormal",
+                                          "StatelessRandomUniformV2",
+                                          "StatelessRandomNormalV2"):
+            continue  # a constant computation, folded away
+        outputs = []
+        for t in op.outputs:
+            if t.name in out_ref and out_ref[t.name] in [r for r, _ in outputs]:
+                continue
+            r = out_ref.get(t.name) or f"t{n}"
+            n += 1
+            ref[t.name] = r
+            outputs.append((r, _bytes(t)))
+        keep = [ref[t.name] for t in (*op.inputs, *op.outputs)
+                if t.name in saved and t.name in ref and not ref[t.name].startswith("w#")]
+        grad_inputs = [ref[t.name] for t in op.inputs
+                       if t.name in ref and t.dtype.is_floating]
+        is_view = op.type in VIEW_OPS
+        workspace_for: dict[str, int] = {}
+        if op.type == "Conv2D" and len(inputs) >= 2:
+            from .rules.conv import col_buffers
+
+            fmt = op.get_attr("data_format").decode()
+            filt, inp = col_buffers(tuple(int(d) for d in op.outputs[0].shape),
+                                    tuple(int(d) for d in op.inputs[1].shape),
+                                    "channels_first" if fmt == "NCHW" else "channels_last",
+                                    op.outputs[0].dtype.size)
+            workspace_for = {inputs[0]: inp, inputs[1]: filt}
+        bwd_ws = _bytes(op.outputs[0]) if op.type == "MaxPool" else 0  # MaxPoolGrad's temp
+        prims.append(prim(
+            op.type, inputs, outputs, save=list(dict.fromkeys(keep)),
+            differentiable=list(dict.fromkeys(grad_inputs)),
+            alias=is_view and bool(inputs),
+            inplace=[inputs[0]] if op.type in FORWARDING_OPS and inputs else [],
+            grad_inplace=op.type in FORWARDING_OPS,
+            macs=_macs(op), kernel=_FAMILY.get(op.type, ""),
+            workspace_for=workspace_for, backward_workspace_bytes=bwd_ws,
+            role="activation" if f"{ACTIVATION_SCOPE}/" in op.name else "",
+        ))
+    # outputs the graph returns without an op of their own (a call returning
+    # its input): views
+    made = {r for p in prims for r, _ in p.outputs}
+    for i, t in enumerate(outs):
+        if f"out{i}" not in made:
+            src = ref.get(t.name)
+            if src:
+                prims.append(prim("view", [src], [(f"out{i}", _bytes(t))], alias=True))
+    for i in range(len(call.outputs)):
+        if f"out{i}" not in {r for p in prims for r, _ in p.outputs}:
+            prims.append(prim("view", ["in0"] if call.inputs else [],
+                              [(f"out{i}", call.outputs[i].nbytes)], alias=bool(call.inputs)))
+    # the gradient ops' own intermediates, alive together at their highest
+    parts = _backward_intermediates_peak(backward, forward_names, graph)
+    if prims and parts:
+        first = prims[0]  # its gradient runs last, when the layer's gradient ends
+        prims[0] = Prim(**{**first.__dict__,
+                           "backward_workspace_bytes": first.backward_workspace_bytes
+                           + sum(parts),
+                           "backward_workspace_parts": parts})
+    return _only_known_saves(prims)
+
+
+def _backward_intermediates_peak(backward: list[Any], forward_names: set[str],
+                                 graph: Any) -> tuple[int, ...]:
+    """Bytes the gradient ops need beyond the gradients they hand back: the
+    peak of their intermediates (freed after their last reader, element-wise
+    kernels writing into an input nobody reads after them) and of the
+    gradients made so far, less the gradients (which the schedule allocates
+    itself), as the sizes of the allocations that make them up."""
+    final = {t.name for t in graph.outputs}
+    final |= {t.name for op in graph.get_operations() if op.type == "Identity"
+              for t in op.inputs if any(o.name in final for o in op.outputs)}
+    readers: dict[str, int] = {}
+    for op in backward:
+        for t in op.inputs:
+            readers[t.name] = readers.get(t.name, 0) + 1
+    live = peak = made = 0
+    at_peak: list[int] = []
+    sizes: dict[str, int] = {}
+    for op in backward:
+        if op.type not in VIEW_OPS and op.type not in FREE_OPS:
+            # an element-wise kernel writes into an intermediate input of its
+            # size that nothing reads after it (TensorFlow's forwarding)
+            donor = None
+            if op.type in FORWARDING_OPS or op.type in FORWARDING_GRAD_OPS:
+                donor = next((t.name for t in op.inputs if t.name in sizes
+                              and readers.get(t.name) == 1
+                              and sizes[t.name] == _bytes(op.outputs[0])), None)
+            for t in op.outputs:
+                if t.name in final:
+                    made += _bytes(t)
+                elif readers.get(t.name):
+                    sizes[t.name] = _bytes(t)
+                    live += sizes[t.name]
+            if donor is not None:
+                readers[donor] = 0
+                live -= sizes.pop(donor)
+        if live + made > peak:
+            peak, at_peak = live + made, list(sizes.values())
+        for t in op.inputs:
+            if t.name in sizes:
+                readers[t.name] -= 1
+                if readers[t.name] == 0:
+                    live -= sizes.pop(t.name)
+    extra = max(0, peak - made)
+    # the intermediates alive at the peak, largest first, up to those bytes
+    parts: list[int] = []
+    for n in sorted(at_peak, reverse=True):
+        if n and sum(parts) + n <= extra:
+            parts.append(n)
+    if extra - sum(parts) > 0:
+        parts.append(extra - sum(parts))
+    return tuple(parts)
+
+
+def _only_known_saves(prims: list[Prim]) -> list[Prim]:
+    """Drop saves of references a prim neither reads nor writes."""
+    out = []
+    for p in prims:
+        local = set(p.inputs) | {r for r, _ in p.outputs}
+        save = tuple(r for r in p.save if r in local)
+        out.append(Prim(**{**p.__dict__, "save": save}))
+    return out
+
+
+def _variable_refs(call: CallRecord, graph: Any) -> dict[str, str]:
+    """The weight placeholders in the graph -> the call's weight references
+    (``w#i``, by position in ``call.weights``)."""
+    position = {w.key: i for i, w in enumerate(call.weights)}
+    variables = list(call.layer.trainable_variables) + list(call.layer.non_trainable_variables)
+    placeholders = [t for t in graph.inputs if t.dtype.name != "resource"]
+    placeholders = placeholders[len(call.inputs):len(call.inputs) + len(variables)]
+    return {t.name: f"w#{position[id(v)]}" for t, v in zip(placeholders, variables)
+            if id(v) in position}

@@ -1,0 +1,129 @@
+"""What-ifs equal the estimate of the changed model; suggestions; timelines."""
+
+import keras
+import numpy as np
+import pytest
+from keras import layers
+
+import keras_memscope as memscope
+from keras_memscope.planning import fits
+
+from .models import seed_mlp, small_cnn
+
+
+def gelu_mlp():
+    x = keras.Input((64,))
+    h = x
+    for _ in range(3):
+        h = layers.Dense(256, activation="gelu")(h)
+        h = layers.Dense(32)(h)
+    return keras.Model(x, layers.Dense(4)(h), name="gelu_mlp")
+
+
+def test_dtype_policy_whatif_equals_the_rebuilt_model():
+    model = small_cnn()
+    changed = memscope.whatif(model, 16, dtype_policy="mixed_bfloat16", optimizer="adam",
+                              device="cpu")
+    keras.utils.clear_session()  # (it also resets the global dtype policy)
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        rebuilt = small_cnn()
+    finally:
+        keras.config.set_dtype_policy("float32")
+    direct = memscope.estimate(rebuilt, 16, optimizer="adam", device="cpu")
+    assert changed.peak_bytes == direct.peak_bytes
+    assert changed.dtype_policy == "mixed_bfloat16"
+
+
+def test_optimizer_and_accumulation_whatifs():
+    model = seed_mlp()
+    sgd = memscope.whatif(model, 64, optimizer="sgd", device="cpu")
+    assert sgd.peak_bytes == memscope.estimate(model, 64, optimizer="sgd", device="cpu").peak_bytes
+    acc = memscope.whatif(model, 64, optimizer="adam", accumulation_steps=4, device="cpu")
+    opt = keras.optimizers.Adam(gradient_accumulation_steps=4)
+    direct = memscope.estimate(model, 16, optimizer=opt, device="cpu")
+    assert acc.peak_bytes == direct.peak_bytes and acc.device_batch_size == 16
+    # one more gradient-sized accumulator per weight
+    base = memscope.estimate(model, 16, optimizer="adam", device="cpu")
+    assert acc.optimizer_bytes > base.optimizer_bytes
+
+
+def test_freeze_whatif_equals_a_frozen_model_and_restores():
+    model = small_cnn()
+    names = [model.layers[0].name]
+    changed = memscope.whatif(model, 16, freeze=names, optimizer="adam", device="cpu")
+    assert all(layer.trainable for layer in model.layers)  # restored
+    model.layers[0].trainable = False
+    direct = memscope.estimate(model, 16, optimizer="adam", device="cpu")
+    assert changed.peak_bytes == direct.peak_bytes
+    with pytest.raises(ValueError, match="no layer named 'nope'"):
+        memscope.whatif(model, 16, freeze=["nope"])
+
+
+def test_remat_whatif_equals_a_model_built_under_rematscope():
+    model = gelu_mlp()
+    changed = memscope.whatif(model, 128, remat="activations", optimizer="adam", device="cpu")
+    keras.utils.clear_session()
+    with keras.RematScope(mode="activations"):
+        scoped = gelu_mlp()
+    direct = memscope.estimate(scoped, 128, optimizer="adam", device="cpu")
+    assert changed.peak_bytes == direct.peak_bytes
+    plain = memscope.estimate(model, 128, optimizer="adam", device="cpu")
+    # gelu keeps three tensors of its input's size; recomputed, it keeps its input
+    assert changed.saved_activations_bytes < plain.saved_activations_bytes
+    assert changed.recompute_flops > 0
+
+
+def test_checkpoints_and_modes_that_fail_in_fit():
+    model = gelu_mlp()
+    seg = memscope.whatif(model, 128, remat="checkpoints", optimizer="adam", device="cpu")
+    plain = memscope.estimate(model, 128, optimizer="adam", device="cpu")
+    assert seg.saved_activations_bytes < plain.saved_activations_bytes
+    full = memscope.whatif(model, 128, remat="full", optimizer="adam", device="cpu")
+    assert any("keras#21207" in note for note in full.notes)
+    with pytest.raises(ValueError, match="unknown remat mode"):
+        memscope.whatif(model, 128, remat="everything")
+
+
+def test_suggestions_ranked_and_combined_until_one_fits():
+    model = seed_mlp()
+    est = memscope.estimate(model, 8192, optimizer="adam", device="cpu")
+    report = fits(model, 8192, device="cpu", memory_bytes=int(est.peak_bytes * 0.5),
+                  optimizer="adam")
+    assert not report.fits and report.suggestions
+    singles = [s for s in report.suggestions if s.cost != "combined"]
+    combos = [s for s in report.suggestions if s.cost == "combined"]
+    assert list(report.suggestions[:len(singles)]) == singles  # singles first, ranked
+    if any(s.fits for s in singles):
+        assert not combos
+    elif combos:
+        assert combos[-1].fits or len(combos) == len(singles) - 1
+        assert all(not c.fits for c in combos[:-1])
+
+
+def test_timeline_picture_and_reuse(tmp_path):
+    pytest.importorskip("matplotlib")
+    model = gelu_mlp()
+    a = memscope.estimate(model, 64, optimizer="adam", device="cpu")
+    b = memscope.whatif(model, 64, remat="activations", optimizer="adam", device="cpu")
+    assert max(p.high_bytes for p in b.timeline) == b.peak_bytes
+    assert any(p.phase == "recompute" for p in b.timeline)
+    assert a.no_reuse_bytes > a.peak_bytes  # liveness and in-place reuse pay off
+    out = tmp_path / "t.png"
+    memscope.plot_timeline([a, b], str(out), labels=["as is", "recompute"])
+    assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_apply_builds_a_trainable_changed_model():
+    model = gelu_mlp()
+    model.compile("adam", "mse")
+    new = memscope.apply(model, remat="activations", dtype_policy="mixed_bfloat16",
+                         optimizer="sgd", freeze=[model.layers[1].name])
+    assert new.layers[1]._remat_mode is not None
+    assert new.dtype_policy.name == "mixed_bfloat16"
+    assert not new.layers[1].trainable
+    np.testing.assert_allclose(new.layers[1].get_weights()[0], model.layers[1].get_weights()[0])
+    history = new.fit(np.zeros((8, 64)), np.zeros((8, 4)), epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+    with pytest.raises(ValueError, match="no segment checkpointing"):
+        memscope.apply(model, remat="checkpoints")
