@@ -119,6 +119,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="gpu", help="device profile (default gpu)")
     p.add_argument("--remat", help="recompute: activations, full, checkpoints or a number "
                    "of segments")
+    p.add_argument("--method", choices=("auto", "graph", "rules"), default="auto",
+                   help="graph: each layer's TensorFlow graph (default on TensorFlow); "
+                   "rules: the layer rules, no tracing")
     p.add_argument("--unsafe", action="store_true",
                    help="load model files with safe_mode=False (only for files you trust)")
 
@@ -181,7 +184,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     if remat is not None and remat.isdigit():
         remat = int(remat)
     return {"optimizer": args.optimizer, "dtype_policy": args.dtype_policy,
-            "input_shape": None if args.app else args.input_shape, "remat": remat}
+            "input_shape": None if args.app else args.input_shape, "remat": remat,
+            "method": getattr(args, "method", "auto")}
 
 
 def _estimate(args: argparse.Namespace, model: Any) -> Any:
@@ -199,9 +203,11 @@ def _plot(args: argparse.Namespace, model: Any) -> None:
     from .plot import memory_vs_batch
 
     try:
+        # the sweep over batch sizes uses the rules (no tracing per size)
+        sweep = {k: v for k, v in _options(args).items() if k != "method"}
         memory_vs_batch(model, args.plot, device=args.device,
                         memory_bytes=getattr(args, "memory_bytes", None),
-                        safety_margin=getattr(args, "safety_margin", 0.05), **_options(args))
+                        safety_margin=getattr(args, "safety_margin", 0.05), **sweep)
     except ImportError as exc:
         raise CliError(str(exc)) from None
     print(f"wrote {args.plot}", file=sys.stderr)

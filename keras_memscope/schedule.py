@@ -499,14 +499,6 @@ def simulate(
             xts = [t for t in f.input_grads if t not in weight_of]
             wts = [t for t in f.input_grads if t in weight_of]
             reusable = list(out_grads) if p.grad_inplace else []
-            # the gradient's own intermediates come before the gradients it
-            # hands back, and stay until those are written
-            pre = None
-            if p.backward_workspace_bytes and xts:
-                pre = sim.alloc(p.backward_workspace_bytes, op.name, WORKSPACE,
-                                sizes=p.backward_workspace_parts)
-                layer_workspace[op.index] = max(layer_workspace[op.index],
-                                                sim.buffers[pre].nbytes)
             for t in xts:
                 nbytes = round_up(tensor_bytes[t], granule)
                 bid = next((b for b in reusable if sim.buffers[b].nbytes == nbytes), None)
@@ -521,12 +513,11 @@ def simulate(
                 partial[t].append(sim.alloc(tensor_bytes[t], op.name, GRADIENT))
             sim.check("backward")
             # a gradient kernel's temporaries live beside the gradients it writes
-            ws_x = workspace(f, xts, 0 if pre is not None else p.backward_workspace_bytes)
+            ws_x = workspace(f, xts, p.backward_workspace_bytes)
             ws_w = workspace(f, wts)
             sim.check("backward")
-            for ws in (pre, ws_x):
-                if ws is not None:
-                    sim.free(ws)
+            if ws_x is not None:
+                sim.free(ws_x)
             settle(xts)
             sim.point("backward", op.name, p.name)
             pending.append((f, wts, out_grads, ws_w))

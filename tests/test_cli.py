@@ -20,9 +20,17 @@ def test_summary_from_module_function_as_json(capsys):
     assert code == 0
     data = json.loads(capsys.readouterr().out)
     assert data["params"] == 131_410
+    assert data["method"] == "graph"  # the default on TensorFlow
     assert data["peak_bytes"] == sum(data[k] for k in (
         "weights_bytes", "optimizer_bytes", "input_bytes", "activations_bytes",
         "gradients_bytes", "workspace_bytes", "allocator_bytes"))
+
+
+def test_summary_with_the_rules_method(capsys):
+    code = cli.main(["summary", "tests.models:seed_mlp", "--batch-size", "256",
+                     "--device", "cpu", "--format", "json", "--method", "rules"])
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["method"] == "rules"
 
 
 def test_summary_from_keras_file_as_csv(tmp_path, capsys):
