@@ -80,7 +80,12 @@ def _signature(call: CallRecord) -> str:
         config = str(id(layer))
     shapes = [(t.shape, t.dtype) for t in call.inputs]
     trainable = [w.trainable for w in call.weights]
-    return f"{type(layer).__qualname__}|{config}|{shapes}|{trainable}"
+    # the call's other arguments (use_causal_mask=True...) change its graph too
+    from keras import tree
+
+    static = [repr(a) for a in tree.flatten((call.args, call.kwargs))
+              if not hasattr(a, "shape")]
+    return f"{type(layer).__qualname__}|{config}|{shapes}|{trainable}|{static}"
 
 
 ACTIVATION_SCOPE = "memscope_activation"

@@ -66,3 +66,16 @@ def test_recurrent_layers_fall_back_to_their_rule():
     lstm = next(r for r in graph.layers if r.class_name == "LSTM")
     assert lstm.rule == "LSTM"
     assert Gated  # imported for serialization in the measuring process
+
+
+def test_calls_differing_only_in_arguments_are_traced_apart():
+    """The same layer configuration and shapes called with and without a
+    causal mask builds two graphs; the trace cache must not share them."""
+    x = keras.Input((16, 32))
+    causal = keras.layers.Attention(name="causal")([x, x], use_causal_mask=True)
+    plain = keras.layers.Attention(name="plain")([x, x])
+    est = memscope.estimate(keras.Model(x, [causal, plain]), 4, optimizer="sgd",
+                            device="cpu", method="graph")
+    by_name = {r.name: r for r in est.layers}
+    # the mask's ops make the causal call's forward longer than the plain one's
+    assert by_name["causal"].forward_flops > by_name["plain"].forward_flops
