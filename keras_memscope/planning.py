@@ -165,7 +165,7 @@ def max_batch_size(
     search = _solve(model, profile, limit, upper, options)
     if method == "graph" and search.predicted > 0:
         search = _refine_with_graph(model, profile, limit, search, options, upper)
-    options = {k: v for k, v in options.items() if k != "_graphs"} | {"method": method}
+    options = _without(options, "_graphs") | {"method": method}
     if not verify:
         return search.predicted
     return verify_batch(model, search, limit, profile, options)
@@ -254,7 +254,7 @@ def _refine_with_graph(model: Any, profile: DeviceProfile, limit: int, search: B
     twofold bracket the graph method's boundary, and bisection closes it."""
     from .estimator import estimate
 
-    opts = {k: v for k, v in options.items() if k not in ("_graphs", "method")}
+    opts = _without(options, "_graphs", "method")
     cache: dict[int, int] = {}
 
     def peak(b: int) -> int:
@@ -430,8 +430,6 @@ def suggest_remedies(model: Any, est: MemoryEstimate, profile: DeviceProfile, av
                      margin: float, options: dict[str, Any]) -> list[Suggestion]:
     """Remedies ranked by memory saved per compute added, then, until one fits,
     the best ones combined (each step estimated)."""
-    from .changes import whatif
-
     limit = available * (1 - margin)
     # the what-ifs use the method of the estimate they improve on
     options = _with_scaler(model, {**options, "method": est.method})
@@ -441,14 +439,8 @@ def suggest_remedies(model: Any, est: MemoryEstimate, profile: DeviceProfile, av
     scored = []
     for title, change, cost in _remedy_candidates(model, est, profile, options,
                                                   micro if isinstance(micro, int) else 0):
-        opts = dict(options)
-        if "dtype_policy" in change or "remat" in change or "freeze" in change:
-            opts.pop("_graphs", None)
-        if "optimizer" in change:
-            opts.pop("optimizer", None)
-        try:
-            e = whatif(model, est.batch_size, device=profile, **{**opts, **change})
-        except (ValueError, TypeError):
+        e = _whatif_or_none(model, est.batch_size, profile, options, change)
+        if e is None:
             continue
         saved = est.peak_bytes - e.peak_bytes
         if saved < est.peak_bytes * 0.01:
@@ -472,12 +464,8 @@ def suggest_remedies(model: Any, est: MemoryEstimate, profile: DeviceProfile, av
             titles.append(s.title.split(" (")[0])
             if len(titles) < 2:
                 continue
-            opts = {k: v for k, v in options.items() if k != "_graphs"}
-            if "optimizer" in combined:
-                opts.pop("optimizer", None)
-            try:
-                e = whatif(model, est.batch_size, device=profile, **{**opts, **combined})
-            except (ValueError, TypeError):
+            e = _whatif_or_none(model, est.batch_size, profile, options, combined)
+            if e is None:
                 break
             out.append(Suggestion(" + ".join(titles), dict(combined), e.peak_bytes,
                                   e.peak_bytes <= limit, "combined"))
@@ -486,8 +474,24 @@ def suggest_remedies(model: Any, est: MemoryEstimate, profile: DeviceProfile, av
     return out
 
 
-def _without(options: dict[str, Any], key: str) -> dict[str, Any]:
-    return {k: v for k, v in options.items() if k != key}
+def _whatif_or_none(model: Any, batch_size: int, profile: DeviceProfile,
+                    options: dict[str, Any], change: dict[str, Any]) -> MemoryEstimate | None:
+    """The what-if estimate of ``change``, or None when it does not apply."""
+    from .changes import whatif
+
+    # traces scaled from the unchanged model do not hold under these changes
+    drop = ["_graphs"] if {"dtype_policy", "remat", "freeze"} & set(change) else []
+    if "optimizer" in change:
+        drop.append("optimizer")
+    try:
+        return whatif(model, batch_size, device=profile,
+                      **{**_without(options, *drop), **change})
+    except (ValueError, TypeError):
+        return None
+
+
+def _without(options: dict[str, Any], *keys: str) -> dict[str, Any]:
+    return {k: v for k, v in options.items() if k not in keys}
 
 
 def _rebuildable(model: Any) -> bool:
