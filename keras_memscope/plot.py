@@ -150,20 +150,21 @@ def timeline(
     unit = GiB if max(e.peak_bytes for e in ests) > GiB else 2**20
     unit_name = "GiB" if unit == GiB else "MiB"
     for k, (e, label) in enumerate(zip(ests, labels)):
+        color = colors[k % len(colors)]
         n = max(len(e.timeline), 1)
         xs = [p.index / n for p in e.timeline]
         ys = [p.high_bytes / unit for p in e.timeline]
-        ax.plot(xs, ys, color=colors[k % len(colors)], lw=1.6,
+        ax.plot(xs, ys, color=color, lw=1.6,
                 label=f"{label}: peak {e.peak_bytes / unit:.2f} {unit_name}")
-        top = max(range(len(ys)), key=ys.__getitem__) if ys else 0
         if ys:
-            ax.plot([xs[top]], [ys[top]], "o", color=colors[k % len(colors)])
+            top = max(range(len(ys)), key=ys.__getitem__)
+            ax.plot([xs[top]], [ys[top]], "o", color=color)
             holder = e.peak_holders[0] if e.peak_holders else None
             text = f"largest holder: {holder.kind} of {holder.layer}" if holder else ""
             ax.text(0.99, 0.97 - 0.06 * k, f"{label} peak ({e.peak_phase}). {text}",
                     transform=ax.transAxes, ha="right", va="top", fontsize=8,
-                    color=colors[k % len(colors)])
-        ax.axhline(e.persistent_bytes / unit, color=colors[k % len(colors)], lw=0.8, ls=":")
+                    color=color)
+        ax.axhline(e.persistent_bytes / unit, color=color, lw=0.8, ls=":")
     from matplotlib.patches import Patch
 
     phases = [Patch(color=c, label=p) for p, c in _PHASE_COLORS.items()]
