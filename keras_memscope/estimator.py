@@ -305,7 +305,7 @@ def estimate(
                             is_leaf=lambda op: ruleset.lookup(op) is not None)
     if sharding.local_shapes:
         graph = _shard_weights(graph, sharding)
-    overrides = tuple(k for k in (rules or {}) if isinstance(k, type))
+    overrides = tuple(rules or ())  # (classes: with_overrides checked them)
     ops, unsupported, rule_names = lower(graph, ruleset, method, overrides)
     state = optimizers.optimizer_state(opt, model, sharding.local_shapes)
     from . import remat as remat_lib
