@@ -97,6 +97,11 @@ class DeviceProfile:
             overlaps with (TensorFlow's CPU executor runs two ops at once on two
             cores, so a layer's filter gradient is still running while the next
             layer's input gradient is computed: 1; a GPU runs one stream: 0).
+        upcast_dtypes: the low-precision types whose matrix products the
+            device computes in float32 through float32 copies of operands and
+            result (TensorFlow's CPU kernels for float16 and bfloat16 MatMul and
+            BatchMatMul, measured with the allocator trace on an x86-64 CPU
+            without AVX512-BF16; a GPU multiplies them natively: none).
         allocator: the allocator model, ``"bfc"`` (TensorFlow's GPU allocator,
             and the CPU's with ``TF_CPU_ALLOCATOR_USE_BFC=true``) or ``"exact"``.
         source: where the figures come from.
@@ -116,6 +121,7 @@ class DeviceProfile:
     rates: Mapping[str, float] = dataclasses.field(default_factory=dict)
     update_lag: int = 1
     weight_grad_lag: int = 0
+    upcast_dtypes: tuple[str, ...] = ()
     allocator: str = "bfc"
     source: str = ""
 
@@ -211,7 +217,7 @@ def _cpu_profile() -> DeviceProfile:
         return dataclasses.replace(_CALIBRATED["cpu"], memory_bytes=_cpu_available_bytes())
     return DeviceProfile(
         name="cpu", kind="cpu", overhead_bytes=521 * MiB, memory_bytes=_cpu_available_bytes(),
-        weight_grad_lag=1,
+        weight_grad_lag=1, upcast_dtypes=("float16", "bfloat16"),
         source=("this machine's available RAM; overhead: resident set right after "
                 "`import tensorflow` (tensorflow-cpu 2.21, Linux x86-64), measured"),
     )
@@ -300,6 +306,7 @@ def profile_from_dict(data: Mapping[str, Any]) -> DeviceProfile:
         raise ValueError(f"device kind must be 'cpu' or 'gpu', got {kind!r}")
     base = _cpu_profile() if kind == "cpu" else GENERIC_GPU
     values.setdefault("overhead_bytes", base.overhead_bytes)
+    values["upcast_dtypes"] = tuple(values.get("upcast_dtypes", base.upcast_dtypes))
     if "compute_capability" in values and values["compute_capability"] is not None:
         values["compute_capability"] = tuple(values["compute_capability"])
     if "reserved_bytes" not in values:

@@ -9,12 +9,12 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from . import devices, optimizers
+from . import devices, optimizers, timing
 from .graph import BatchScaler, CallRecord, ModelGraph, trace_model
-from .ir import LayerOp, Prim, WeightUse
+from .ir import LayerOp, Prim, WeightUse, with_upcast
 from .records import LayerRecord, MemoryEstimate
 from .rules import DEFAULT_RULES, Builder, Rule, RuleSet, category_of, using
 from .rules.core import fallback
@@ -94,10 +94,12 @@ def resolve_method(method: str) -> str:
 
 
 def lower(graph: ModelGraph, ruleset: RuleSet, method: str = "rules",
-          overrides: tuple[type, ...] = ()) -> tuple[list[LayerOp], dict[str, int], list[str]]:
+          overrides: tuple[type, ...] = (), upcast_dtypes: Sequence[str] = (),
+          ) -> tuple[list[LayerOp], dict[str, int], list[str]]:
     """Every call -> a LayerOp via its rule (or, with ``method="graph"``, via
     TensorFlow's graph of the call, except for the classes in ``overrides``,
-    whose rules the user gave); unknown classes use the fallback."""
+    whose rules the user gave); unknown classes use the fallback. Matmuls in
+    ``upcast_dtypes`` get their float32 copies (:func:`ir.with_upcast`)."""
     ops: list[LayerOp] = []
     unsupported: dict[str, int] = {}
     rule_names: list[str] = []
@@ -161,7 +163,7 @@ def lower(graph: ModelGraph, ruleset: RuleSet, method: str = "rules",
                     inputs=tuple(t.id for t in call.inputs),
                     outputs=tuple(outputs),
                     output_bytes=tuple(t.nbytes for t in call.outputs),
-                    prims=tuple(prims),
+                    prims=tuple(with_upcast(p, upcast_dtypes) for p in prims),
                     weights=call.weights,
                     itemsize=dtype_bytes(call.outputs[0].dtype) if call.outputs else 4,
                 )
@@ -306,7 +308,8 @@ def estimate(
     if sharding.local_shapes:
         graph = _shard_weights(graph, sharding)
     overrides = tuple(rules or ())  # (classes: with_overrides checked them)
-    ops, unsupported, rule_names = lower(graph, ruleset, method, overrides)
+    ops, unsupported, rule_names = lower(graph, ruleset, method, overrides,
+                                         profile.upcast_dtypes)
     state = optimizers.optimizer_state(opt, model, sharding.local_shapes)
     from . import remat as remat_lib
 
@@ -348,8 +351,6 @@ def estimate(
         remat=regions,
         allocator=profile.allocator,
     )
-
-    from . import timing
 
     timed = timing.has_timing(profile)
     dtypes = {c.index: (c.outputs[0].dtype if c.outputs else "float32") for c in graph.calls}

@@ -16,7 +16,7 @@ No framework import: rules build these from shapes and dtypes only.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +59,12 @@ class Prim:
             or columns): skinny matrix products run far below peak speed.
         role: ``"activation"`` for the prims of a layer's activation function
             (what Keras' ``RematScope("activations")`` recomputes).
+        compute_dtype, upcast_workspace: a matmul in float16 or bfloat16 on a
+            device without kernels for that type (``DeviceProfile.upcast_dtypes``:
+            this kind of CPU) computes in float32 through float32 copies of
+            its operands and result: ``(input, bytes)`` pairs of those copies
+            while the gradient with respect to that input runs, and ``("",
+            bytes)`` while the forward kernel runs (see :func:`with_upcast`).
     """
 
     name: str
@@ -81,9 +87,55 @@ class Prim:
     kernel: str = ""
     gemm_min_dim: int = 0
     role: str = ""
+    compute_dtype: str = ""
+    upcast_workspace: tuple[tuple[str, int], ...] = ()
 
     def grad_inputs(self) -> tuple[str, ...]:
         return self.inputs if self.differentiable is None else self.differentiable
+
+    def renamed(self, r: Callable[[str], str], name: str | None = None) -> Prim:
+        """This prim with every reference ``x`` replaced by ``r(x)``."""
+        return dataclasses.replace(
+            self,
+            name=self.name if name is None else name,
+            inputs=tuple(map(r, self.inputs)),
+            outputs=tuple((r(x), n) for x, n in self.outputs),
+            save=tuple(map(r, self.save)),
+            save_for=tuple((r(k), tuple(map(r, v))) for k, v in self.save_for),
+            differentiable=None if self.differentiable is None
+            else tuple(map(r, self.differentiable)),
+            inplace=tuple(map(r, self.inplace)),
+            workspace_for=tuple((r(k), v) for k, v in self.workspace_for),
+            output_pieces=tuple((r(k), v) for k, v in self.output_pieces),
+            upcast_workspace=tuple((r(k) if k else k, v) for k, v in self.upcast_workspace),
+        )
+
+
+def with_upcast(p: Prim, dtypes: Sequence[str]) -> Prim:
+    """``p`` on a device that computes matmuls of ``dtypes`` in float32: its
+    float32 copies join its forward and gradient workspaces."""
+    if not p.upcast_workspace or p.compute_dtype not in dtypes:
+        return p
+    forward = sum(n for k, n in p.upcast_workspace if not k)
+    extra = dict(p.workspace_for)
+    for k, n in p.upcast_workspace:
+        if k:
+            extra[k] = extra.get(k, 0) + n
+    return dataclasses.replace(p, forward_workspace_bytes=p.forward_workspace_bytes + forward,
+                               workspace_for=tuple(extra.items()), upcast_workspace=())
+
+
+def matmul_upcast(dtype: str, a: tuple[str, int], b: tuple[str, int],
+                  out_elements: int) -> dict[str, object]:
+    """The ``compute_dtype``/``upcast_workspace`` of a matmul ``a @ b`` (each
+    operand as ``(reference, elements)``): the forward kernel and each
+    gradient kernel hold float32 copies of two operands and their result,
+    the three matrices of the product, ``4 x (|a| + |b| + |out|)`` bytes."""
+    if dtype not in ("float16", "bfloat16"):
+        return {}
+    total = 4 * (a[1] + b[1] + out_elements)
+    return {"compute_dtype": dtype,
+            "upcast_workspace": (("", total), (a[0], total), (b[0], total))}
 
 
 def prim(
@@ -93,7 +145,7 @@ def prim(
     **kwargs: object,
 ) -> Prim:
     """Build a :class:`Prim` from lists (a convenience for rules)."""
-    for key in ("save", "inplace"):
+    for key in ("save", "inplace", "upcast_workspace"):
         if key in kwargs:
             kwargs[key] = tuple(kwargs[key])  # type: ignore[arg-type]
     if "workspace_for" in kwargs:

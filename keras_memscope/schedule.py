@@ -242,6 +242,9 @@ def simulate(
 
     # A weight whose value an input gradient still reads when its update runs
     # (dx = g @ W^T beside the update of W) is copied before it is written.
+    # Whether the input gradient is still pending then is a race between
+    # TensorFlow's executor threads (the trace shows it both ways); the copy
+    # is assumed, the larger peak.
     copy_on_write: set[int] = set()
     holders0: dict[int, int] = defaultdict(int)
     grad_pending0: dict[int, int] = defaultdict(int)
@@ -311,8 +314,10 @@ def simulate(
                     if buf.live_tensors == 0:
                         sim.free(bid)
 
-        # Forward pass.
-        for f in flats:
+        def produce(f: _Flat, phase: str) -> None:
+            """Run one forward prim: its outputs take over an input's buffer
+            where TensorFlow forwards it, else get their own; its inputs are
+            released and outputs nobody reads are freed at once."""
             op, p = f.op, f.prim
             pieces = dict(p.output_pieces)
             refs_out = [r for r, _ in p.outputs]
@@ -340,13 +345,13 @@ def simulate(
                     if taken:
                         continue
                 attach(t, sim.alloc(nbytes, op.name, ACTIVATION, pieces.get(refs_out[i], 1)))
-            sim.check("forward")
+            sim.check(phase)
             if p.forward_workspace_bytes:
                 ws = sim.alloc(p.forward_workspace_bytes, op.name, WORKSPACE)
                 layer_workspace[op.index] = max(
                     layer_workspace[op.index], sim.buffers[ws].nbytes
                 )
-                sim.check("forward")
+                sim.check(phase)
                 sim.free(ws)
             for t in f.ins:
                 release(t)
@@ -354,7 +359,11 @@ def simulate(
                 if holders[t] == 0:
                     holders[t] = 1
                     release(t)
-            sim.point("forward", op.name, p.name)
+            sim.point(phase, op.name, p.name)
+
+        # Forward pass.
+        for f in flats:
+            produce(f, "forward")
 
         index_of = {op.name: op.index for op in ops}
         for buf in sim.buffers.values():
@@ -454,31 +463,45 @@ def simulate(
         # kernels start at the same time and, with ``weight_grad_lag`` > 0, end
         # while the next ops' gradients run (a second thread or stream).
         def recompute(r: int) -> None:
-            """Run a region's forward prims again, keeping what its gradients
-            read (tf.recompute_grad), before those gradients run."""
+            """Run a region's forward prims again before its gradients, as
+            tf.recompute_grad does: only the prims whose outputs the gradients
+            read (directly or through another recomputed prim) run, since the
+            function runtime prunes the rest; what the gradients read is kept,
+            the region's inputs are released after their last reader."""
             idx = regions[r]
-            saved_here: dict[int, int] = defaultdict(int)
+            reads: dict[int, int] = defaultdict(int)
             for i in idx:
                 for t in flats[i].saved:
-                    saved_here[t] += 1
-            for i in idx:
+                    reads[t] += 1
+            needed: list[int] = []
+            present: list[int] = []
+            for i in reversed(idx):
                 g = flats[i]
-                if g.prim.alias:
+                if not any(reads.get(t) for t in g.outs):
                     continue
-                for t, nbytes in zip(g.outs, (b for _, b in g.prim.outputs)):
-                    if saved_here.get(t) and t not in buffer_of:
-                        holders[t] = saved_here[t]
-                        attach(t, sim.alloc(nbytes, g.op.name, ACTIVATION))
-                    elif not saved_here.get(t):
-                        tmp = sim.alloc(nbytes, g.op.name, WORKSPACE)
-                        sim.check("recompute")
-                        sim.free(tmp)
-                if g.prim.forward_workspace_bytes:
-                    ws = sim.alloc(g.prim.forward_workspace_bytes, g.op.name, WORKSPACE)
-                    sim.check("recompute")
-                    sim.free(ws)
-                sim.check("recompute")
-                sim.point("recompute", g.op.name, g.prim.name)
+                if any(t in buffer_of for t in g.outs):
+                    present.append(i)  # still alive from the forward pass
+                    continue
+                needed.append(i)
+                for t in g.ins:
+                    reads[t] += 1
+            needed.reverse()
+            for t in region_inputs[r]:
+                # the region's hold becomes one per reader in the recomputation
+                # and one per gradient that reads it
+                holders[t] += reads.get(t, 0) - 1
+            for i in present:
+                for t in flats[i].outs:
+                    holders[t] += reads.get(t, 0)
+            for i in needed:
+                for t in flats[i].outs:
+                    holders[t] = reads.get(t, 0)
+            for t in region_inputs[r]:
+                if holders[t] == 0 and t in buffer_of:
+                    holders[t] = 1
+                    release(t)
+            for i in needed:
+                produce(flats[i], "recompute")
 
         pending: deque[tuple[_Flat, list[int], list[int], int | None]] = deque()
         seen_regions: set[int] = set()
@@ -490,9 +513,6 @@ def simulate(
                 if region_inputs[r]:
                     recompute(r)
             if not f.needs_backward:
-                if r is not None and i_flat == regions[r][0]:
-                    for t in region_inputs[r]:
-                        release(t)
                 continue
             op, p = f.op, f.prim
             out_grads = [grad_of.pop(t) for t in f.outs if t in grad_of]
@@ -524,10 +544,8 @@ def simulate(
             while len(pending) > weight_grad_lag:
                 finish_weights(pending.popleft())
             if r is not None and i_flat == regions[r][0]:
-                while pending:  # the region's gradients are done with its inputs
+                while pending:  # the region's gradients are done
                     finish_weights(pending.popleft())
-                for t in region_inputs[r]:
-                    release(t)
         while pending:
             finish_weights(pending.popleft())
         if all_reduce_bytes:

@@ -24,7 +24,7 @@ import math
 from typing import Any
 
 from .graph import CallRecord
-from .ir import Prim, prim
+from .ir import Prim, matmul_upcast, prim
 from .units import DTYPE_BYTES
 
 #: Ops whose output is a view of an input or of a variable: no allocation.
@@ -63,11 +63,17 @@ _CACHE: dict[str, list[Prim]] = {}
 
 
 def _bytes(t: Any) -> int:
+    return _elements(t) * DTYPE_BYTES.get(t.dtype.name, 4)
+
+
+def _elements(t: Any) -> int:
     shape = t.shape
     if shape.rank is None or any(d is None for d in shape):
         return 0
-    name = t.dtype.name
-    return math.prod(int(d) for d in shape) * DTYPE_BYTES.get(name, 4)
+    return math.prod(int(d) for d in shape)
+
+
+_MATMUL_OPS = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3")
 
 
 def _signature(call: CallRecord) -> str:
@@ -139,18 +145,7 @@ def traced_prims(call: CallRecord) -> list[Prim]:
 
 
 def _rename_weights(p: Prim, names: dict[str, str]) -> Prim:
-    def r(x: str) -> str:
-        return names.get(x, x)
-
-    return Prim(**{**p.__dict__,
-                   "inputs": tuple(map(r, p.inputs)),
-                   "outputs": tuple((r(x), b) for x, b in p.outputs),
-                   "save": tuple(map(r, p.save)),
-                   "save_for": tuple((r(k), tuple(map(r, v))) for k, v in p.save_for),
-                   "differentiable": None if p.differentiable is None
-                   else tuple(map(r, p.differentiable)),
-                   "inplace": tuple(map(r, p.inplace)),
-                   "workspace_for": tuple((r(k), v) for k, v in p.workspace_for)})
+    return p.renamed(lambda x: names.get(x, x))
 
 
 def _trace(call: CallRecord) -> list[Prim]:
@@ -213,15 +208,20 @@ def _trace(call: CallRecord) -> list[Prim]:
         with tf.name_scope(ACTIVATION_SCOPE):
             return activation(*a, **k)
 
+    scoped = False
     try:
         if callable(activation):
-            layer.activation = scoped_activation
+            try:
+                layer.activation = scoped_activation
+                scoped = True
+            except AttributeError:
+                pass  # a read-only property (LSTM's and GRU's are their cell's)
         if remat_mode is not None:
             layer._remat_mode = None
         graph = tf.function(step, autograph=False).get_concrete_function(
             *specs, *weight_specs, *grad_specs).graph
     finally:
-        if callable(activation):
+        if scoped:
             layer.activation = activation
         if remat_mode is not None:
             layer._remat_mode = remat_mode
@@ -283,6 +283,13 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
                                     op.outputs[0].dtype.size)
             workspace_for = {inputs[0]: inp, inputs[1]: filt}
         bwd_ws = _bytes(op.outputs[0]) if op.type == "MaxPool" else 0  # MaxPoolGrad's temp
+        upcast: dict[str, object] = {}
+        if op.type in _MATMUL_OPS and len(op.inputs) == 2 and all(
+                t.name in ref for t in op.inputs):
+            a, b = op.inputs
+            upcast = matmul_upcast(op.outputs[0].dtype.name,
+                                   (ref[a.name], _elements(a)), (ref[b.name], _elements(b)),
+                                   _elements(op.outputs[0]))
         prims.append(prim(
             op.type, inputs, outputs, save=list(dict.fromkeys(keep)),
             differentiable=list(dict.fromkeys(grad_inputs)),
@@ -292,6 +299,7 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             macs=_macs(op), kernel=_FAMILY.get(op.type, ""),
             workspace_for=workspace_for, backward_workspace_bytes=bwd_ws,
             role="activation" if f"{ACTIVATION_SCOPE}/" in op.name else "",
+            **upcast,
         ))
     # outputs the graph returns without an op of their own (a call returning
     # its input): views

@@ -72,3 +72,4 @@ def test_estimate_leaves_no_deferred_variables():
 
     memscope.estimate(tiny_model(), batch_size=2, optimizer="adam", device="cpu")
     assert not global_state.get_global_attribute("uninitialized_variables")
+

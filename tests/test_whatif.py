@@ -1,5 +1,7 @@
 """What-ifs equal the estimate of the changed model; suggestions; timelines."""
 
+import dataclasses
+
 import keras
 import numpy as np
 import pytest
@@ -127,3 +129,44 @@ def test_apply_builds_a_trainable_changed_model():
     assert np.isfinite(history.history["loss"][0])
     with pytest.raises(ValueError, match="no segment checkpointing"):
         memscope.apply(model, remat="checkpoints")
+
+
+@pytest.mark.parametrize("method", ["graph", "rules"])
+def test_half_precision_matmuls_hold_float32_copies_on_the_cpu(method):
+    """TensorFlow's CPU MatMul for bfloat16 converts both operands and the
+    result to float32 temporaries (seen in the allocator trace); a GPU does
+    not. The copies are 4 bytes x (|x| + |W| + |out|) while the kernel runs."""
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        model = keras.Sequential([keras.Input((512,)), layers.Dense(1024, name="fc"),
+                                  layers.Dense(8, name="head")])
+    finally:
+        keras.config.set_dtype_policy("float32")
+    batch = 256
+    copies = 4 * (batch * 512 + 512 * 1024 + batch * 1024)
+    cpu = memscope.estimate(model, batch, optimizer="sgd", device="cpu", method=method)
+    native = dataclasses.replace(memscope.get_device("cpu"), upcast_dtypes=())
+    without = memscope.estimate(model, batch, optimizer="sgd", device=native, method=method)
+    fc_cpu = next(r for r in cpu.layers if r.name == "fc")
+    fc_native = next(r for r in without.layers if r.name == "fc")
+    # the largest workspace of the layer: the forward kernel's copies
+    assert fc_cpu.workspace_bytes == copies > fc_native.workspace_bytes
+    assert cpu.peak_bytes > without.peak_bytes
+    # float32 matmuls make no copies
+    plain = keras.Sequential([keras.Input((512,)), layers.Dense(1024, name="fc")])
+    est = memscope.estimate(plain, batch, optimizer="sgd", device="cpu", method=method)
+    assert est.layers[0].workspace_bytes == 0
+
+
+def test_recomputation_runs_only_what_the_gradient_reads():
+    """tf.recompute_grad's function drops the ops whose results nothing
+    reads: GELU's last multiply (its output) is not computed again."""
+    model = gelu_mlp()
+    est = memscope.whatif(model, 128, remat="activations", optimizer="adam", device="cpu",
+                          method="graph")
+    first = model.layers[1].name
+    forward = [p.event for p in est.timeline if p.phase == "forward" and p.layer == first]
+    again = [p.event for p in est.timeline if p.phase == "recompute" and p.layer == first]
+    activation = forward[2:]  # after MatMul and BiasAdd
+    assert again and len(again) == len(activation) - 1, (forward, again)
+    assert again == activation[:-1]

@@ -81,30 +81,7 @@ class Builder:
 
 
 def _rename(p: Prim, names: dict[str, str]) -> Prim:
-    def r(x: str) -> str:
-        return names.get(x, x)
-
-    return Prim(
-        name=p.name,
-        inputs=tuple(r(x) for x in p.inputs),
-        outputs=tuple((r(x), b) for x, b in p.outputs),
-        save=tuple(r(x) for x in p.save),
-        save_for=tuple((r(k), tuple(r(x) for x in v)) for k, v in p.save_for),
-        differentiable=None if p.differentiable is None else tuple(r(x) for x in p.differentiable),
-        inplace=tuple(r(x) for x in p.inplace),
-        alias=p.alias,
-        forward_workspace_bytes=p.forward_workspace_bytes,
-        backward_workspace_bytes=p.backward_workspace_bytes,
-        workspace_for=tuple((r(k), v) for k, v in p.workspace_for),
-        output_pieces=tuple((r(k), v) for k, v in p.output_pieces),
-        grad_inplace=p.grad_inplace,
-        macs=p.macs,
-        flops=p.flops,
-        passes=p.passes,
-        kernel=p.kernel,
-        gemm_min_dim=p.gemm_min_dim,
-        role=p.role,
-    )
+    return p.renamed(lambda x: names.get(x, x))
 
 
 def elements(t: TensorInfo) -> int:

@@ -7,10 +7,18 @@ import math
 import keras
 
 from ..graph import CallRecord
-from ..ir import Prim
+from ..ir import Prim, matmul_upcast
 from ..units import dtype_bytes
 from . import register
-from .base import OUT, Builder, activation_name, apply_activation, read_weight, weight_ref
+from .base import (
+    OUT,
+    Builder,
+    activation_name,
+    apply_activation,
+    read_weight,
+    weight_info,
+    weight_ref,
+)
 
 
 def compute_dtype(call: CallRecord) -> str:
@@ -36,8 +44,17 @@ def linear_prims(
     if k is None:
         raise ValueError(f"{b.call.class_name} {b.call.name!r} has no kernel weight")
     family = "conv" if "conv" in name else "matmul"
+    upcast: dict[str, object] = {}
+    if family == "matmul" and out_bytes and macs:
+        # (rows x depth) @ (depth x n): macs = rows depth n, out = rows n elements
+        w = weight_info(b.call, kernel)
+        out_elements = out_bytes // dtype_bytes(dtype)
+        depth = max(1, macs // max(1, out_elements))
+        x_elements = macs // max(1, (w.nbytes // dtype_bytes(w.dtype)) // depth)
+        upcast = matmul_upcast(dtype, (x, x_elements),
+                               (k, w.nbytes // dtype_bytes(w.dtype)), out_elements)
     z = b.add1(name, [x, k], out_bytes, save_for={x: (k,), k: (x,)}, macs=macs, kernel=family,
-               gemm_min_dim=gemm_min_dim)
+               gemm_min_dim=gemm_min_dim, **upcast)
     if bias is not None:
         bb = read_weight(b, bias, dtype)
         z = b.add1("bias_add", [z, bb], out_bytes, inplace=[z], grad_inplace=True)

@@ -109,21 +109,7 @@ def _prefixed(prims: list[Prim], prefix: str, mapping: dict[str, str],
             return weight_names.get(x, x)
         return prefix + x
 
-    out = []
-    for p in prims:
-        out.append(Prim(
-            name=prefix + p.name, inputs=tuple(map(r, p.inputs)),
-            outputs=tuple((r(x), n) for x, n in p.outputs), save=tuple(map(r, p.save)),
-            save_for=tuple((r(k), tuple(map(r, v))) for k, v in p.save_for),
-            differentiable=None if p.differentiable is None else tuple(map(r, p.differentiable)),
-            inplace=tuple(map(r, p.inplace)), alias=p.alias,
-            forward_workspace_bytes=p.forward_workspace_bytes,
-            backward_workspace_bytes=p.backward_workspace_bytes,
-            workspace_for=tuple((r(k), v) for k, v in p.workspace_for),
-        output_pieces=tuple((r(k), v) for k, v in p.output_pieces),
-            grad_inplace=p.grad_inplace, macs=p.macs, flops=p.flops,
-            passes=p.passes, kernel=p.kernel, gemm_min_dim=p.gemm_min_dim, role=p.role))
-    return out
+    return [p.renamed(r, name=prefix + p.name) for p in prims]
 
 
 def inline(call: CallRecord, sub: CallRecord, prefix: str, inputs: list[str],
