@@ -97,6 +97,13 @@ class DeviceProfile:
             overlaps with (TensorFlow's CPU executor runs two ops at once on two
             cores, so a layer's filter gradient is still running while the next
             layer's input gradient is computed: 1; a GPU runs one stream: 0).
+        fresh_pages_above, first_touch_bytes_s: allocations larger than
+            ``fresh_pages_above`` bytes get new pages from the operating system
+            at every step, and the kernel writing them pays for first touching
+            them at ``first_touch_bytes_s`` (TensorFlow's default CPU allocator
+            is malloc, which maps requests above glibc's 32 MiB mmap threshold
+            afresh each time; with ``TF_CPU_ALLOCATOR_USE_BFC=true``, and on a
+            GPU, memory is reused: None).
         upcast_dtypes: the low-precision types whose matrix products the
             device computes in float32 through float32 copies of operands and
             result (TensorFlow's CPU kernels for float16 and bfloat16 MatMul and
@@ -122,6 +129,8 @@ class DeviceProfile:
     update_lag: int = 1
     weight_grad_lag: int = 0
     upcast_dtypes: tuple[str, ...] = ()
+    fresh_pages_above: int | None = None
+    first_touch_bytes_s: float | None = None
     allocator: str = "bfc"
     source: str = ""
 
@@ -212,12 +221,18 @@ def register_calibration(profile: DeviceProfile) -> None:
     _CALIBRATED[profile.name] = profile
 
 
+def _cpu_bfc() -> bool:
+    """Whether this process's TensorFlow CPU allocator is BFC (it reuses memory)."""
+    return os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() == "true"
+
+
 def _cpu_profile() -> DeviceProfile:
     if "cpu" in _CALIBRATED:
         return dataclasses.replace(_CALIBRATED["cpu"], memory_bytes=_cpu_available_bytes())
     return DeviceProfile(
         name="cpu", kind="cpu", overhead_bytes=521 * MiB, memory_bytes=_cpu_available_bytes(),
         weight_grad_lag=1, upcast_dtypes=("float16", "bfloat16"),
+        fresh_pages_above=None if _cpu_bfc() else 32 * MiB,
         source=("this machine's available RAM; overhead: resident set right after "
                 "`import tensorflow` (tensorflow-cpu 2.21, Linux x86-64), measured"),
     )

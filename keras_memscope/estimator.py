@@ -359,7 +359,8 @@ def estimate(
     records = _layer_records(graph, ops, rule_names, result.layer_saved_bytes,
                              result.layer_workspace_bytes, flops, timed)
     update_s = (timing.update_time([w.nbytes for w in graph.variables if w.trainable],
-                                   state.update_kernels, profile) if timed else None)
+                                   state.update_kernels, profile, state.update_allocations)
+                if timed else None)
     params = sum(_elements(w) for w in graph.variables)
     trainable_params = sum(_elements(w) for w in graph.variables if w.trainable)
     if graph.unattributed:

@@ -53,6 +53,13 @@ _UPDATE_KERNELS = {
 }
 _DEFAULT_KERNELS = 10
 
+#: New variable-sized buffers one variable's update writes (the kernels that
+#: cannot overwrite an input): Adam's Square of g, Sqrt of v and scaled m, and
+#: none for plain SGD (its product with the learning rate takes over g's
+#: buffer), both seen in the allocator trace; other optimizers: their
+#: temporaries.
+_UPDATE_ALLOCATIONS = {"SGD": 0, "Adam": 3, "AdamW": 3}
+
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerState:
@@ -71,6 +78,7 @@ class OptimizerState:
     state_bytes: int
     update_temporaries: int
     update_kernels: int
+    update_allocations: int
     needs_all_gradients: bool
     variables: tuple[tuple[str, tuple[int, ...], str], ...]
 
@@ -227,6 +235,8 @@ def optimizer_state(optimizer: Any, model: Any,
         state_bytes=total,
         update_temporaries=_UPDATE_TEMPORARIES.get(kind, _DEFAULT_TEMPORARIES),
         update_kernels=_UPDATE_KERNELS.get(kind, _DEFAULT_KERNELS),
+        update_allocations=_UPDATE_ALLOCATIONS.get(
+            kind, _UPDATE_TEMPORARIES.get(kind, _DEFAULT_TEMPORARIES)),
         needs_all_gradients=needs_all,
         variables=tuple(described),
     )

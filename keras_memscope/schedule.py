@@ -68,6 +68,10 @@ class PrimCost:
     kernel: str = ""
     gemm_min_dim: int = 0
     recomputed: bool = False
+    #: the sizes of the new buffers its kernels write (outputs that cannot
+    #: take over an input's buffer), forward and backward
+    forward_allocs: tuple[int, ...] = ()
+    backward_allocs: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -605,6 +609,8 @@ def _costs(flats: list[_Flat], tensor_bytes: dict[int, int],
         fwd_bytes = int(p.passes * (sum(tensor_bytes.get(t, 0) for t in f.ins) + out_bytes))
         per_grad = 2 * p.macs if p.macs else (p.flops or elements)
         bwd_in = bwd_w = bwd_bytes = 0
+        fwd_allocs = () if p.inplace else tuple(b for _, b in p.outputs)
+        bwd_allocs: tuple[int, ...] = ()
         if f.needs_backward:
             for t in f.input_grads:
                 if t in weight_of:
@@ -613,8 +619,10 @@ def _costs(flats: list[_Flat], tensor_bytes: dict[int, int],
                     bwd_in += per_grad
             bwd_bytes = int(p.passes * (out_bytes + sum(tensor_bytes.get(t, 0) for t in f.saved)
                                         + sum(tensor_bytes.get(t, 0) for t in f.input_grads)))
+            bwd_allocs = tuple(tensor_bytes.get(t, 0) for t in f.input_grads
+                               if t in weight_of or not p.grad_inplace)
         out.append(PrimCost(f.op.index, fwd, fwd_bytes, bwd_in, bwd_w, bwd_bytes, p.macs,
-                            p.kernel, p.gemm_min_dim, i in recomputed))
+                            p.kernel, p.gemm_min_dim, i in recomputed, fwd_allocs, bwd_allocs))
     return out
 
 

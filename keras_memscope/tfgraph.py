@@ -98,6 +98,20 @@ ACTIVATION_SCOPE = "memscope_activation"
 _CALL_OPS = ("StatefulPartitionedCall", "PartitionedCall")
 
 
+def _gemm_min_dim(op: Any) -> int:
+    """The smallest of a matrix product's rows, contraction and columns."""
+    if op.type not in _MATMUL_OPS:
+        return 0
+    try:
+        out = op.outputs[0].shape
+        a = op.inputs[0].shape
+        transpose = op.get_attr("transpose_a") if op.type == "MatMul" else op.get_attr("adj_x")
+        k = a[-2] if transpose else a[-1]
+        return min(int(out[-2]), int(k), int(out[-1]))
+    except Exception:
+        return 0
+
+
 def _macs(op: Any) -> int:
     """Multiply-accumulates of a matmul or convolution op (static shapes)."""
     try:
@@ -296,7 +310,7 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             alias=is_view and bool(inputs),
             inplace=[inputs[0]] if op.type in FORWARDING_OPS and inputs else [],
             grad_inplace=op.type in FORWARDING_OPS,
-            macs=_macs(op), kernel=_FAMILY.get(op.type, ""),
+            macs=_macs(op), kernel=_FAMILY.get(op.type, ""), gemm_min_dim=_gemm_min_dim(op),
             workspace_for=workspace_for, backward_workspace_bytes=bwd_ws,
             role="activation" if f"{ACTIVATION_SCOPE}/" in op.name else "",
             **upcast,

@@ -67,15 +67,26 @@ def _bandwidth(profile: DeviceProfile, nbytes: float, kernels: int) -> float:
 _GEMM_SIZES = (16, 64, 256, 2048)
 
 
-def matmul_rate(profile: DeviceProfile, min_dim: int) -> float | None:
-    """Calibrated FLOP/s of a matmul whose smallest dimension is ``min_dim``,
-    interpolated in log-space between the calibrated shapes."""
+#: A matmul's gradients are products of their own shapes: the input gradient
+#: multiplies by a transposed operand (``dy @ W^T``), the weight gradient
+#: contracts over the rows (``x^T @ dy``); with few rows both run well below
+#: the forward product's speed (measured by ``calibrate``).
+MATMUL_GRAD_FAMILIES = ("matmul_input_grad", "matmul_weight_grad")
+
+
+def matmul_rate(profile: DeviceProfile, min_dim: int, family: str = "matmul") -> float | None:
+    """Calibrated FLOP/s of a matmul (or one of its gradients, ``family``)
+    whose smallest dimension is ``min_dim``, interpolated in log-space
+    between the calibrated shapes; a gradient family without calibrated
+    points uses the forward product's."""
     import math
 
-    points = [(n, profile.rates[f"matmul@{n}"]) for n in _GEMM_SIZES
-              if f"matmul@{n}" in profile.rates]
+    points = [(n, profile.rates[f"{family}@{n}"]) for n in _GEMM_SIZES
+              if f"{family}@{n}" in profile.rates]
+    if not points and family != "matmul":
+        return matmul_rate(profile, min_dim)
     if not points or min_dim <= 0:
-        return profile.rates.get("matmul")
+        return profile.rates.get(family, profile.rates.get("matmul"))
     if min_dim <= points[0][0]:
         return points[0][1] * min_dim / points[0][0]
     for (n0, r0), (n1, r1) in zip(points, points[1:]):
@@ -94,8 +105,8 @@ def op_time(flops: float, nbytes: float, profile: DeviceProfile, dtype: str = "f
     """
     if kernels <= 0:
         return 0.0
-    if family == "matmul":
-        rate = matmul_rate(profile, min_dim)
+    if family == "matmul" or family in MATMUL_GRAD_FAMILIES:
+        rate = matmul_rate(profile, min_dim, family)
     else:
         rate = profile.rates.get(family) if family and family != "reduce" else None
     peak = _peak(profile, dtype)
@@ -104,6 +115,15 @@ def op_time(flops: float, nbytes: float, profile: DeviceProfile, dtype: str = "f
     if family == "reduce" and "reduce" in profile.rates:
         memory = max(memory, nbytes / profile.rates["reduce"])
     return max(compute, memory) + kernels * _overhead(profile)
+
+
+def first_touch_time(allocations: Iterable[int], profile: DeviceProfile) -> float:
+    """Seconds spent touching new pages for the allocations that get them
+    (``DeviceProfile.fresh_pages_above``)."""
+    above, speed = profile.fresh_pages_above, profile.first_touch_bytes_s
+    if above is None or not speed:
+        return 0.0
+    return sum(n for n in allocations if n > above) / speed
 
 
 def layer_times(costs: Iterable[PrimCost], profile: DeviceProfile,
@@ -120,20 +140,23 @@ def layer_times(costs: Iterable[PrimCost], profile: DeviceProfile,
         if not c.forward_flops and not c.forward_bytes:
             continue  # a view: no kernel runs
         fwd_t = op_time(c.forward_flops, c.forward_bytes, profile, dtype, family=c.kernel,
-                        min_dim=c.gemm_min_dim)
+                        min_dim=c.gemm_min_dim) + first_touch_time(c.forward_allocs, profile)
         a[3] += fwd_t
         if c.recomputed:  # run again before its gradients
             a[4] += fwd_t
         bwd_flops = c.backward_input_flops + c.backward_weight_flops
         if not (bwd_flops or c.backward_bytes):
             continue
-        if c.kernel == "conv" and bwd_flops:
+        a[4] += first_touch_time(c.backward_allocs, profile)
+        if c.kernel in ("conv", "matmul") and bwd_flops:
             # the two gradient kernels have their own speeds; each moves its share
-            for part, family in ((c.backward_input_flops, "conv_input_grad"),
-                                 (c.backward_weight_flops, "conv_filter_grad")):
+            families = (("conv_input_grad", "conv_filter_grad") if c.kernel == "conv"
+                        else MATMUL_GRAD_FAMILIES)
+            for part, family in zip((c.backward_input_flops, c.backward_weight_flops),
+                                    families):
                 if part:
                     a[4] += op_time(part, c.backward_bytes * part / bwd_flops, profile,
-                                    dtype, family=family)
+                                    dtype, family=family, min_dim=c.gemm_min_dim)
         else:
             kernels = (c.backward_input_flops > 0) + (c.backward_weight_flops > 0)
             a[4] += op_time(bwd_flops, c.backward_bytes, profile, dtype, max(kernels, 1),
@@ -143,14 +166,16 @@ def layer_times(costs: Iterable[PrimCost], profile: DeviceProfile,
 
 
 def update_time(variable_bytes: Iterable[int], kernels_per_variable: int,
-                profile: DeviceProfile) -> float:
+                profile: DeviceProfile, allocations_per_variable: int = 0) -> float:
     """The optimizer's updates: for each trainable variable, that many
-    element-wise kernels, each reading and writing variable-sized data."""
+    element-wise kernels, each reading and writing variable-sized data, of
+    which ``allocations_per_variable`` write new variable-sized buffers."""
     total = 0.0
     for nbytes in variable_bytes:
         moved = 2 * nbytes * kernels_per_variable
         flops = kernels_per_variable * nbytes // 4
         total += op_time(flops, moved, profile, "float32", kernels=kernels_per_variable)
+        total += first_touch_time([nbytes] * allocations_per_variable, profile)
     return total
 
 
@@ -208,7 +233,14 @@ def calibrate(device: str | DeviceProfile = "cpu", *, repeats: int = 5) -> Devic
         for m in _GEMM_SIZES[:-1]:
             left = tf.random.normal((m, n))
             f = tf.function(lambda left=left: tf.matmul(left, b)[0, 0])
-            skinny[m] = 2 * m * n * n / _best_time(lambda f=f: f().numpy(), repeats)
+            skinny[f"matmul@{m}"] = 2 * m * n * n / _best_time(lambda f=f: f().numpy(), repeats)
+            # the gradients of x @ W with m rows: dy @ W^T and x^T @ dy
+            dx = tf.function(lambda left=left: tf.matmul(left, b, transpose_b=True)[0, 0])
+            dw = tf.function(lambda left=left: tf.matmul(left, left, transpose_a=True)[0, 0])
+            skinny[f"matmul_input_grad@{m}"] = (
+                2 * m * n * n / _best_time(lambda f=dx: f().numpy(), repeats))
+            skinny[f"matmul_weight_grad@{m}"] = (
+                2 * m * n * n / _best_time(lambda f=dw: f().numpy(), repeats))
         x = tf.random.normal((16, 56, 56, 64))
         k = tf.random.normal((3, 3, 64, 64))
         conv = tf.function(lambda: tf.nn.conv2d(x, k, 1, "SAME")[0, 0, 0, 0])
@@ -239,6 +271,14 @@ def calibrate(device: str | DeviceProfile = "cpu", *, repeats: int = 5) -> Devic
             return y[0]
 
         t_add = _best_time(lambda: big_adds().numpy(), repeats) / 10
+
+        # one kernel writing a new buffer of the same size: with TensorFlow's
+        # default CPU allocator its pages are new at every call
+        @tf.function
+        def fresh_square() -> Any:
+            return tf.square(u)[0]
+
+        t_fresh = _best_time(lambda: fresh_square().numpy(), repeats)
         # the same over arrays that stay in the last-level cache, many times
         cache = _last_level_cache_bytes()
         small_n = max(1024, cache // 4 // 4 // 4)  # three arrays in a quarter of it
@@ -270,9 +310,13 @@ def calibrate(device: str | DeviceProfile = "cpu", *, repeats: int = 5) -> Devic
     rates = {"matmul": matmul_flops, "conv": conv_flops,
              "conv_filter_grad": conv_work / t_filt, "conv_input_grad": conv_work / t_inp,
              "reduce": 8 * 112 * 112 * 64 * 4 / t_red,
-             **{f"matmul@{m}": r for m, r in skinny.items()}, f"matmul@{n}": matmul_flops}
+             **skinny, f"matmul@{n}": matmul_flops}
     bandwidth = 3 * big * 4 / t_add
     overhead = t_chain / 200
+    # the time beyond reading and writing the data is touching new pages
+    touch_s = t_fresh - 2 * big * 4 / bandwidth
+    first_touch = (big * 4 / touch_s if profile.fresh_pages_above is not None
+                   and touch_s > 0.05 * t_fresh else None)
     cache_bandwidth = max(bandwidth, 50 * 3 * small_n * 4 / max(t_cached - 50 * overhead, 1e-9))
     flops = {"float32": max(matmul_flops, conv_flops)}
     calibrated = dataclasses.replace(
@@ -283,13 +327,17 @@ def calibrate(device: str | DeviceProfile = "cpu", *, repeats: int = 5) -> Devic
         cache_bandwidth_bytes_s=cache_bandwidth if profile.kind == "cpu" else None,
         op_overhead_s=overhead,
         rates=rates,
+        first_touch_bytes_s=first_touch,
+        fresh_pages_above=profile.fresh_pages_above if first_touch else None,
         source=(f"calibrated on this machine: matmul {matmul_flops / 1e9:.1f} GFLOP/s, 3x3 "
                 f"conv {conv_flops / 1e9:.1f} (filter gradient "
                 f"{rates['conv_filter_grad'] / 1e9:.1f}, input gradient "
                 f"{rates['conv_input_grad'] / 1e9:.1f}) GFLOP/s, reductions over the batch "
                 f"{rates['reduce'] / 1e9:.1f} GB/s, element-wise "
                 f"{bandwidth / 1e9:.1f} GB/s ({cache_bandwidth / 1e9:.1f} GB/s within the "
-                f"{cache >> 20} MiB cache), {overhead * 1e6:.1f} us per op; "
+                f"{cache >> 20} MiB cache), {overhead * 1e6:.1f} us per op"
+                + (f", new pages touched at {first_touch / 1e9:.1f} GB/s" if first_touch
+                   else "") + "; "
                 + profile.source),
     )
     register_calibration(calibrated)

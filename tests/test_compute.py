@@ -118,3 +118,51 @@ def test_calibrate_cpu_gives_rates():
     profile = memscope.calibrate("cpu", repeats=2)
     assert profile.rates["matmul"] > 1e9 and profile.bandwidth_bytes_s > 1e8
     assert memscope.get_device("cpu").rates == profile.rates
+
+
+def _grad_rates_profile(**extra):
+    rates = {f"matmul@{n}": r for n, r in ((16, 1e10), (64, 4e10), (256, 8e10), (2048, 1e11))}
+    rates.update({f"matmul_input_grad@{n}": r / 10 for n, r in ((16, 1e10), (64, 4e10),
+                                                                  (256, 8e10))})
+    rates.update({f"matmul_weight_grad@{n}": r / 5 for n, r in ((16, 1e10), (64, 4e10),
+                                                                  (256, 8e10))})
+    return memscope.DeviceProfile(name="test", kind="cpu", overhead_bytes=0,
+                                  peak_flops={"float32": 1e11}, bandwidth_bytes_s=1e12,
+                                  op_overhead_s=0.0, rates=rates, **extra)
+
+
+@pytest.mark.parametrize("method", ["graph", "rules"])
+def test_matmul_gradients_run_at_their_own_skinny_speeds(method):
+    """dy @ W^T and x^T @ dy with 16 rows: 2 x 16 x 2048 x 2048 FLOPs each, at
+    the calibrated input-gradient and weight-gradient speeds for 16 rows."""
+    model = keras.Sequential([keras.Input((2048,)), keras.layers.Dense(2048, use_bias=False),
+                              keras.layers.Dense(2048, use_bias=False, name="second")])
+    est = memscope.estimate(model, 16, optimizer="sgd", device=_grad_rates_profile(),
+                            method=method)
+    second = next(r for r in est.layers if r.name == "second")
+    flops = 2 * 16 * 2048 * 2048
+    assert second.backward_time_s == pytest.approx(flops / 1e9 + flops / 2e9, rel=0.02)
+    assert second.forward_time_s == pytest.approx(flops / 1e10, rel=0.02)
+
+
+def test_new_pages_are_paid_above_the_threshold():
+    from keras_memscope import timing
+
+    profile = _grad_rates_profile(fresh_pages_above=32 << 20, first_touch_bytes_s=2e9)
+    assert timing.first_touch_time([16 << 20, 64 << 20], profile) == (64 << 20) / 2e9
+    plain = _grad_rates_profile()
+    assert timing.first_touch_time([64 << 20], plain) == 0.0
+    # Adam writes three new buffers per variable: a 64 MiB kernel pays them
+    with_pages = timing.update_time([64 << 20], 12, profile, allocations_per_variable=3)
+    without = timing.update_time([64 << 20], 12, plain, allocations_per_variable=3)
+    assert with_pages - without == pytest.approx(3 * (64 << 20) / 2e9)
+
+
+def test_cpu_profile_knows_which_allocator_reuses_pages(monkeypatch):
+    from keras_memscope import devices
+
+    monkeypatch.setattr(devices, "_CALIBRATED", {})  # the uncalibrated profile
+    monkeypatch.delenv("TF_CPU_ALLOCATOR_USE_BFC", raising=False)
+    assert devices._cpu_profile().fresh_pages_above == 32 << 20  # malloc: mmap above 32 MiB
+    monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "true")
+    assert devices._cpu_profile().fresh_pages_above is None
