@@ -86,8 +86,9 @@ class DeviceProfile:
         bandwidth_bytes_s: memory bandwidth in bytes per second.
         op_overhead_s: fixed time per op (dispatch, launch); None: the default
             of the kind (see ``timing``).
-        cache_bytes, cache_bandwidth_bytes_s: a CPU's last-level cache and the
-            bandwidth of data that stays in it (calibrated).
+        cache_bytes, cache_bandwidth_bytes_s: the data one kernel may move at
+            the speed of a CPU's last-level cache, and that speed (calibrated
+            with arrays taking three sixteenths of the cache).
         rates: calibrated throughput of kernel families: ``"matmul"``,
             ``"conv"``, ``"conv_filter_grad"``, ``"conv_input_grad"`` (FLOP/s)
             and ``"reduce"`` (bytes/s); a family without a rate uses the peak.

@@ -358,9 +358,13 @@ def estimate(
     flops = timing.layer_times(result.costs, _UNTIMED, dtypes) if not timed else times
     records = _layer_records(graph, ops, rule_names, result.layer_saved_bytes,
                              result.layer_workspace_bytes, flops, timed)
-    update_s = (timing.update_time([w.nbytes for w in graph.variables if w.trainable],
-                                   state.update_kernels, profile, state.update_allocations)
-                if timed else None)
+    trainable = [w for w in graph.variables if w.trainable]
+    # new buffers per update: the optimizer's, and the copy of a weight its
+    # input gradient still reads
+    update_s = (timing.update_time(
+        [w.nbytes for w in trainable], state.update_kernels, profile,
+        [state.update_allocations + (w.key in result.copied_weights) for w in trainable])
+        if timed else None)
     params = sum(_elements(w) for w in graph.variables)
     trainable_params = sum(_elements(w) for w in graph.variables if w.trainable)
     if graph.unattributed:

@@ -57,7 +57,8 @@ _DEFAULT_KERNELS = 10
 #: cannot overwrite an input): Adam's Square of g, Sqrt of v and scaled m, and
 #: none for plain SGD (its product with the learning rate takes over g's
 #: buffer), both seen in the allocator trace; other optimizers: their
-#: temporaries.
+#: temporaries. The copy of a weight its input gradient still reads is one
+#: more (the schedule decides which weights are copied).
 _UPDATE_ALLOCATIONS = {"SGD": 0, "Adam": 3, "AdamW": 3}
 
 

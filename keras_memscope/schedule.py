@@ -92,6 +92,7 @@ class StepResult:
     holders: tuple[Holder, ...]
     costs: tuple[PrimCost, ...] = ()
     allocated_bytes: int = 0  # every allocation of the measured step, summed
+    copied_weights: frozenset[int] = frozenset()  # keys of weights copied before their update
 
 
 @dataclasses.dataclass
@@ -592,6 +593,7 @@ def simulate(
         holders=holders_at_peak,
         costs=tuple(_costs(flats, tensor_bytes, weight_of, set(region_of))),
         allocated_bytes=sim.allocated,
+        copied_weights=frozenset(copy_on_write),
     )
 
 

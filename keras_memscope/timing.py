@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .devices import DeviceProfile, get_device, register_calibration
@@ -165,17 +165,21 @@ def layer_times(costs: Iterable[PrimCost], profile: DeviceProfile,
             for k, v in acc.items()}
 
 
-def update_time(variable_bytes: Iterable[int], kernels_per_variable: int,
-                profile: DeviceProfile, allocations_per_variable: int = 0) -> float:
+def update_time(variable_bytes: Sequence[int], kernels_per_variable: int,
+                profile: DeviceProfile,
+                allocations_per_variable: int | Sequence[int] = 0) -> float:
     """The optimizer's updates: for each trainable variable, that many
     element-wise kernels, each reading and writing variable-sized data, of
-    which ``allocations_per_variable`` write new variable-sized buffers."""
+    which ``allocations_per_variable`` (one count, or one per variable) write
+    new variable-sized buffers."""
+    counts = (list(allocations_per_variable) if isinstance(allocations_per_variable, Sequence)
+              else [allocations_per_variable] * len(variable_bytes))
     total = 0.0
-    for nbytes in variable_bytes:
+    for nbytes, allocations in zip(variable_bytes, counts):
         moved = 2 * nbytes * kernels_per_variable
         flops = kernels_per_variable * nbytes // 4
         total += op_time(flops, moved, profile, "float32", kernels=kernels_per_variable)
-        total += first_touch_time([nbytes] * allocations_per_variable, profile)
+        total += first_touch_time([nbytes] * allocations, profile)
     return total
 
 
@@ -323,7 +327,9 @@ def calibrate(device: str | DeviceProfile = "cpu", *, repeats: int = 5) -> Devic
         profile,
         peak_flops={**profile.peak_flops, **flops},
         bandwidth_bytes_s=bandwidth,
-        cache_bytes=cache if profile.kind == "cpu" else None,
+        # the cache speed holds for the data calibrated at it, not for any
+        # kernel whose data would fit the cache on paper
+        cache_bytes=3 * small_n * 4 if profile.kind == "cpu" else None,
         cache_bandwidth_bytes_s=cache_bandwidth if profile.kind == "cpu" else None,
         op_overhead_s=overhead,
         rates=rates,
@@ -335,7 +341,8 @@ def calibrate(device: str | DeviceProfile = "cpu", *, repeats: int = 5) -> Devic
                 f"{rates['conv_input_grad'] / 1e9:.1f}) GFLOP/s, reductions over the batch "
                 f"{rates['reduce'] / 1e9:.1f} GB/s, element-wise "
                 f"{bandwidth / 1e9:.1f} GB/s ({cache_bandwidth / 1e9:.1f} GB/s within the "
-                f"{cache >> 20} MiB cache), {overhead * 1e6:.1f} us per op"
+                f"{cache >> 20} MiB cache, for kernels moving up to {3 * small_n * 4 >> 20} MiB), "
+                f"{overhead * 1e6:.1f} us per op"
                 + (f", new pages touched at {first_touch / 1e9:.1f} GB/s" if first_touch
                    else "") + "; "
                 + profile.source),
