@@ -102,9 +102,11 @@ class DeviceProfile:
             ``fresh_pages_above`` bytes get new pages from the operating system
             at every step, and the kernel writing them pays for first touching
             them at ``first_touch_bytes_s`` (TensorFlow's default CPU allocator
-            is malloc, which maps requests above glibc's 32 MiB mmap threshold
-            afresh each time; with ``TF_CPU_ALLOCATOR_USE_BFC=true``, and on a
-            GPU, memory is reused: None).
+            is malloc, which maps requests above glibc's mmap threshold afresh
+            each time: at most 32 MiB, lower after some allocation histories,
+            which ``calibrate`` detects at 16 MiB; with
+            ``TF_CPU_ALLOCATOR_USE_BFC=true``, and on a GPU, memory is reused:
+            None).
         upcast_dtypes: the low-precision types whose matrix products the
             device computes in float32 through float32 copies of operands and
             result (TensorFlow's CPU kernels for float16 and bfloat16 MatMul and

@@ -283,6 +283,16 @@ def calibrate(device: str | DeviceProfile = "cpu", *, repeats: int = 5) -> Devic
             return tf.square(u)[0]
 
         t_fresh = _best_time(lambda: fresh_square().numpy(), repeats)
+        # the same at 16 MiB: malloc's mapping threshold moves below its
+        # 32 MiB ceiling with the allocation history
+        mid = 4 * 1024 * 1024
+        w = tf.random.normal((mid,))
+
+        @tf.function
+        def fresh_square_mid() -> Any:
+            return tf.square(w)[0]
+
+        t_fresh_mid = _best_time(lambda: fresh_square_mid().numpy(), repeats)
         # the same over arrays that stay in the last-level cache, many times
         cache = _last_level_cache_bytes()
         small_n = max(1024, cache // 4 // 4 // 4)  # three arrays in a quarter of it
@@ -321,6 +331,12 @@ def calibrate(device: str | DeviceProfile = "cpu", *, repeats: int = 5) -> Devic
     touch_s = t_fresh - 2 * big * 4 / bandwidth
     first_touch = (big * 4 / touch_s if profile.fresh_pages_above is not None
                    and touch_s > 0.05 * t_fresh else None)
+    fresh_above = profile.fresh_pages_above
+    if first_touch and fresh_above is not None:
+        # a 16 MiB buffer paying for its pages too: the threshold is below it
+        touch_mid = t_fresh_mid - 2 * mid * 4 / bandwidth
+        if touch_mid > 0.5 * mid * 4 / first_touch:
+            fresh_above = min(fresh_above, mid * 4 - 1)
     cache_bandwidth = max(bandwidth, 50 * 3 * small_n * 4 / max(t_cached - 50 * overhead, 1e-9))
     flops = {"float32": max(matmul_flops, conv_flops)}
     calibrated = dataclasses.replace(
@@ -334,7 +350,7 @@ def calibrate(device: str | DeviceProfile = "cpu", *, repeats: int = 5) -> Devic
         op_overhead_s=overhead,
         rates=rates,
         first_touch_bytes_s=first_touch,
-        fresh_pages_above=profile.fresh_pages_above if first_touch else None,
+        fresh_pages_above=fresh_above if first_touch else None,
         source=(f"calibrated on this machine: matmul {matmul_flops / 1e9:.1f} GFLOP/s, 3x3 "
                 f"conv {conv_flops / 1e9:.1f} (filter gradient "
                 f"{rates['conv_filter_grad'] / 1e9:.1f}, input gradient "
@@ -343,8 +359,8 @@ def calibrate(device: str | DeviceProfile = "cpu", *, repeats: int = 5) -> Devic
                 f"{bandwidth / 1e9:.1f} GB/s ({cache_bandwidth / 1e9:.1f} GB/s within the "
                 f"{cache >> 20} MiB cache, for kernels moving up to {3 * small_n * 4 >> 20} MiB), "
                 f"{overhead * 1e6:.1f} us per op"
-                + (f", new pages touched at {first_touch / 1e9:.1f} GB/s" if first_touch
-                   else "") + "; "
+                + (f", new pages touched at {first_touch / 1e9:.1f} GB/s for buffers above "
+                   f"{(fresh_above or 0) / 2**20:.0f} MiB" if first_touch else "") + "; "
                 + profile.source),
     )
     register_calibration(calibrated)
