@@ -16,7 +16,7 @@ No framework import: rules build these from shapes and dtypes only.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,8 +93,11 @@ class Prim:
     def grad_inputs(self) -> tuple[str, ...]:
         return self.inputs if self.differentiable is None else self.differentiable
 
-    def renamed(self, r: Callable[[str], str], name: str | None = None) -> Prim:
-        """This prim with every reference ``x`` replaced by ``r(x)``."""
+    def renamed(self, names: Mapping[str, str] | Callable[[str], str],
+                name: str | None = None) -> Prim:
+        """This prim with every reference ``x`` replaced by ``names(x)``, or
+        by ``names[x]`` where a mapping has it."""
+        r = (lambda x: names.get(x, x)) if isinstance(names, Mapping) else names
         return dataclasses.replace(
             self,
             name=self.name if name is None else name,

@@ -98,16 +98,20 @@ ACTIVATION_SCOPE = "memscope_activation"
 _CALL_OPS = ("StatefulPartitionedCall", "PartitionedCall")
 
 
+def _contraction(op: Any) -> int:
+    """The contracted dimension of a matrix product op."""
+    a = op.inputs[0].shape
+    transpose = op.get_attr("transpose_a") if op.type == "MatMul" else op.get_attr("adj_x")
+    return int(a[-2] if transpose else a[-1])
+
+
 def _gemm_min_dim(op: Any) -> int:
     """The smallest of a matrix product's rows, contraction and columns."""
     if op.type not in _MATMUL_OPS:
         return 0
     try:
         out = op.outputs[0].shape
-        a = op.inputs[0].shape
-        transpose = op.get_attr("transpose_a") if op.type == "MatMul" else op.get_attr("adj_x")
-        k = a[-2] if transpose else a[-1]
-        return min(int(out[-2]), int(k), int(out[-1]))
+        return min(int(out[-2]), _contraction(op), int(out[-1]))
     except Exception:
         return 0
 
@@ -117,10 +121,7 @@ def _macs(op: Any) -> int:
     try:
         out = op.outputs[0].shape
         if op.type in ("MatMul", "BatchMatMulV2", "BatchMatMulV3"):
-            a = op.inputs[0].shape
-            transpose = op.get_attr("transpose_a") if op.type == "MatMul" else op.get_attr("adj_x")
-            k = a[-2] if transpose else a[-1]
-            return math.prod(out) * int(k)
+            return math.prod(out) * _contraction(op)
         if op.type in ("Conv2D", "Conv3D"):
             f = op.inputs[1].shape
             return math.prod(out) * math.prod(int(d) for d in f[:-1])
@@ -155,11 +156,7 @@ def traced_prims(call: CallRecord) -> list[Prim]:
         _CACHE[key] = _trace(call)
     # the cached prims name weights by position; this call's names replace them
     names = {f"w#{i}": f"w:{w.name}" for i, w in enumerate(call.weights)}
-    return [_rename_weights(p, names) for p in _CACHE[key]]
-
-
-def _rename_weights(p: Prim, names: dict[str, str]) -> Prim:
-    return p.renamed(lambda x: names.get(x, x))
+    return [p.renamed(names) for p in _CACHE[key]]
 
 
 def _trace(call: CallRecord) -> list[Prim]:

@@ -77,11 +77,7 @@ class Builder:
                 )
             else:
                 rename[ref] = f"out{i}"
-        return [_rename(p, rename) for p in self.prims]
-
-
-def _rename(p: Prim, names: dict[str, str]) -> Prim:
-    return p.renamed(lambda x: names.get(x, x))
+        return [p.renamed(rename) for p in self.prims]
 
 
 def elements(t: TensorInfo) -> int:
