@@ -19,7 +19,7 @@ from .records import LayerRecord, MemoryEstimate
 from .rules import DEFAULT_RULES, Builder, Rule, RuleSet, category_of, using
 from .rules.core import fallback
 from .schedule import LossSpec, simulate
-from .units import dtype_bytes, round_up
+from .units import dtype_bytes, human_bytes, round_up
 
 logger = logging.getLogger(__name__)
 
@@ -310,6 +310,7 @@ def estimate(
     overrides = tuple(rules or ())  # (classes: with_overrides checked them)
     ops, unsupported, rule_names = lower(graph, ruleset, method, overrides,
                                          profile.upcast_dtypes)
+    notes += _loop_notes(graph)
     state = optimizers.optimizer_state(opt, model, sharding.local_shapes)
     from . import remat as remat_lib
 
@@ -408,6 +409,23 @@ def estimate(
         remat=(remat_spec.describe() if remat_spec else
                ", ".join(sorted({s.describe() for s in per_layer.values()}))),
     )
+
+
+def _loop_notes(graph: ModelGraph) -> list[str]:
+    """What recurrent layers' gradient loops may add (``rules.recurrent``)."""
+    from .rules.recurrent import PARALLEL_ITERATIONS, backlog_bytes
+
+    notes = []
+    for call in graph.calls:
+        extra = backlog_bytes(call)
+        if extra:
+            notes.append(
+                f"{call.name}: its gradient loop can run up to {PARALLEL_ITERATIONS} "
+                f"timesteps ahead of its weight-gradient sums, each step ahead holding "
+                f"one more partial kernel gradient: up to {human_bytes(extra)} above "
+                "this estimate when it does (whether it does depends on how fast the "
+                "per-step weight products run; the estimate assumes they keep up)")
+    return notes
 
 
 def _shard_weights(graph: ModelGraph, sharding: Any) -> ModelGraph:

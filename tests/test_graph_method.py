@@ -7,6 +7,7 @@ import keras
 import pytest
 
 import keras_memscope as memscope
+from keras_memscope.units import human_bytes
 
 from .models import Gated, gated_mlp, small_cnn
 
@@ -71,6 +72,46 @@ def test_recurrent_layers_fall_back_to_their_rule(caplog):
     assert any("While" in r.getMessage() for r in caplog.records), caplog.text
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
     assert Gated  # imported for serialization in the measuring process
+
+
+def _text_lstm(return_sequences: bool) -> keras.Model:
+    inputs = keras.Input((100,), dtype="int32")
+    x = keras.layers.Embedding(1000, 64)(inputs)
+    x = keras.layers.LSTM(128, return_sequences=return_sequences)(x)
+    if return_sequences:
+        x = keras.layers.GlobalAveragePooling1D()(x)
+    return keras.Model(inputs, keras.layers.Dense(2)(x))
+
+
+def test_lstm_loop_bound_noted():
+    """The gradient loop may run ahead of its weight-gradient sums: the
+    estimate says by how much at most (32 iterations, or fewer steps)."""
+    est = memscope.estimate(_text_lstm(False), 8, optimizer="sgd", device="cpu")
+    (note,) = [n for n in est.notes if "gradient loop" in n]
+    kernels = ((64 + 128) * 4 * 128 + 4 * 128) * 4
+    assert human_bytes(32 * kernels) in note
+    short = keras.Sequential([keras.Input((5, 3)), keras.layers.GRU(4)])
+    unrolled = keras.Sequential([keras.Input((5, 3)), keras.layers.GRU(4, unroll=True)])
+    (short_note,) = [n for n in memscope.estimate(short, 2, device="cpu").notes
+                     if "gradient loop" in n]
+    kernels = ((3 + 4) * 3 * 4 + 2 * 3 * 4) * 4
+    assert human_bytes(4 * kernels) in short_note
+    assert not [n for n in memscope.estimate(unrolled, 2, device="cpu").notes
+                if "gradient loop" in n]
+
+
+@pytest.mark.parametrize("return_sequences", [False, True])
+def test_lstm_against_measurement(return_sequences):
+    """The measured peak lies between the estimate and the estimate plus the
+    loop's noted bound (within 15%; fresh process, BFC allocator): the
+    per-step tensors, and the sequence's gradient only when the layer returns
+    the sequence."""
+    model = _text_lstm(return_sequences)
+    measured = memscope.measure(model, 16, optimizer="sgd", steps=4, device="cpu").peak_bytes
+    est = memscope.estimate(model, 16, optimizer="sgd", device="cpu")
+    bound = 32 * ((64 + 128) * 4 * 128 + 4 * 128) * 4
+    assert est.peak_bytes * 0.85 <= measured <= (est.peak_bytes + bound) * 1.15, (
+        est.peak_bytes, measured)
 
 
 def test_calls_differing_only_in_arguments_are_traced_apart():

@@ -10,8 +10,10 @@ TensorFlow keeps, for every timestep, each tensor the cell's gradient needs:
   ``hh`` and ``1 - z``: 6 x units;
 
 plus the time-major copy of the input (the kernel gradient reads every x_t).
-The backward loop holds one step's partial weight gradients beside the
-accumulated ones.
+The backward loop holds one kernel's partial gradient for the step beside the
+running sums, as long as the per-step weight products keep up with the state
+gradient (:func:`backlog_bytes` is the bound when they do not). A layer that
+does not return the sequence writes one output slot, not one per step.
 """
 
 from __future__ import annotations
@@ -55,13 +57,19 @@ def recurrent(call: CallRecord) -> list[Prim]:
     itemsize = x.nbytes // max(math.prod(x.shape), 1)
     gates = _GATES[kind]
     state_bytes = steps * batch * units * _PER_STEP_STATE[kind] * itemsize
-    seq_bytes = steps * batch * units * itemsize
+    # the loop writes every step's output only when the layer returns the
+    # sequence; otherwise its output array has one slot (Keras'
+    # ``return_all_outputs``), and the gradient that comes back is one step's
+    sequences = bool(getattr(call.layer, "return_sequences", False))
+    seq_bytes = (steps if sequences else 1) * batch * units * itemsize
     kernel = weight_ref(call, "kernel")
     recurrent_kernel = weight_ref(call, "recurrent_kernel")
     bias = weight_ref(call, "bias")
     params = [r for r in (kernel, recurrent_kernel, bias) if r]
     step_bytes = batch * (features + (gates + 4) * units) * itemsize
-    kernel_bytes = (features + units) * gates * units * itemsize
+    # each timestep's partial gradient of one kernel at a time, added into
+    # the running sum (the sum is written in place of the partial)
+    kernel_bytes = max(features, units) * gates * units * itemsize
     xt = b.add1("to_time_major", ["in0"], x.nbytes)
     # TensorArray.unstack copies every timestep into its own tensor
     xs = b.add1("unstack", [xt], x.nbytes, output_pieces={"__OUT__": steps})
@@ -71,21 +79,55 @@ def recurrent(call: CallRecord) -> list[Prim]:
         [seq_bytes, state_bytes],
         macs=steps * batch * (features + units) * gates * units,
         forward_workspace_bytes=2 * batch * gates * units * itemsize,
+        # the gradient loop starts each timestep's input gradient from zeros,
+        # and each step's zeros are freed as its gradient is written: the
+        # two together hold one input's worth, counted as the input gradient
         backward_workspace_bytes=kernel_bytes + step_bytes,
-        # the gradient loop starts each timestep's input gradient from zeros
-        workspace_for={xs: x.nbytes},
     )
     # each timestep pushes its own small tensors, only read by the gradient
     b.prims[-1] = Prim(**{**b.prims[-1].__dict__, "save": (xs, state),
                           "output_pieces": ((state, steps * _PER_STEP_STATE[kind]),)})
     outs = []
-    if getattr(call.layer, "return_sequences", False):
+    if sequences:
         outs.append(b.add1("to_batch_major", [seq], call.outputs[0].nbytes))
     else:
         outs.append(b.add1("last_step", [seq], call.outputs[0].nbytes))
     for extra in call.outputs[1:]:  # return_state
         outs.append(b.add1("state", [seq], extra.nbytes))
     return b.finish(outs)
+
+
+#: Keras' TensorFlow loop (``keras.src.backend.tensorflow.rnn``) lets this many
+#: iterations run at once.
+PARALLEL_ITERATIONS = 32
+
+
+def backlog_bytes(call: CallRecord) -> int:
+    """What a recurrent call's gradient loop holds beyond its estimate when it
+    runs ahead of its weight-gradient sums.
+
+    The loop's sequential part (the state gradient) can run up to
+    :data:`PARALLEL_ITERATIONS` iterations ahead of the per-step weight
+    products and the sums they are added into; each iteration ahead then
+    holds one more partial gradient of every kernel. Whether it does is a
+    race between the executor's threads (an allocator trace of the zoo's LSTM
+    on a 2-core CPU: 33 partial recurrent kernels alive at once at batch 32,
+    never more than two at batch 8 or 16), so the estimate assumes one
+    partial and reports this bound beside it."""
+    layer = call.layer
+    inner = ([layer.forward_layer, layer.backward_layer]
+             if isinstance(layer, keras.layers.Bidirectional) else [layer])
+    x = call.inputs[0] if call.inputs else None
+    if x is None or len(x.shape) != 3:
+        return 0
+    total = 0
+    for sub in inner:
+        if _kind(sub) is None or getattr(sub, "unroll", False):
+            continue
+        own = {id(v) for v in sub.weights}
+        kernels = sum(w.nbytes for w in call.weights if w.key in own and w.trainable)
+        total += min(PARALLEL_ITERATIONS, max(int(x.shape[1]) - 1, 0)) * kernels
+    return total
 
 
 def _sub_call(call: CallRecord, layer: object, inputs: tuple[TensorInfo, ...],
