@@ -328,7 +328,9 @@ def estimate(
     input_bytes = sum(round_up(n) for n in input_sizes)
     # In the order a training run makes them: weights when the model is built,
     # then the batch, then the optimizer's variables at its first step.
-    persistent: list[tuple] = [("weights", w.nbytes, w.key) for w in graph.variables]
+    temporaries_of = _initializer_temporaries(model)
+    persistent: list[tuple] = [("weights", w.nbytes, w.key, temporaries_of.get(w.key, 0))
+                               for w in graph.variables]
     persistent += [("input batch", n) for n in input_sizes]
     persistent += [("optimizer state", n) for n in state.variable_bytes]
 
@@ -409,6 +411,32 @@ def estimate(
         remat=(remat_spec.describe() if remat_spec else
                ", ".join(sorted({s.describe() for s in per_layer.values()}))),
     )
+
+
+def _initializer_temporaries(model: Any) -> dict[int, int]:
+    """For each variable (by ``id``), how many variable-sized temporaries its
+    initializer makes before the value the variable keeps: a random
+    initializer draws (``StatelessRandomUniformV2``), scales (``Mul``) and
+    shifts (``AddV2``, the value kept), so two; a constant fill makes the
+    value directly. Variables whose initializer the layer does not name are
+    counted as constants."""
+    from keras.src.initializers.random_initializers import RandomInitializer
+
+    found: dict[int, int] = {}
+    layers = model._flatten_layers() if hasattr(model, "_flatten_layers") else ()
+    for layer in layers:
+        own = list(getattr(layer, "_trainable_variables", ())) + list(
+            getattr(layer, "_non_trainable_variables", ()))
+        for v in own:
+            name = str(getattr(v, "name", "")).split("/")[-1]
+            init = None
+            for attr in (f"{name}_initializer",
+                         f"{name.removesuffix('_kernel')}_initializer"):
+                init = getattr(layer, attr, None)
+                if init is not None:
+                    break
+            found[id(v)] = 2 if isinstance(init, RandomInitializer) else 0
+    return found
 
 
 def _loop_notes(graph: ModelGraph) -> list[str]:

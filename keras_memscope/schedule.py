@@ -289,7 +289,12 @@ def simulate(
     weight_buffer: dict[int, int] = {}
     for item in persistent:
         kind, nbytes = item[0], item[1]
+        # a random initializer's draw and its scaled copy come before the
+        # value the variable keeps, and are freed after it
+        temps = [sim.alloc(nbytes, kind, WORKSPACE) for _ in range(item[3] if len(item) > 3 else 0)]
         bid = sim.alloc(nbytes, kind, PERSISTENT)
+        for t in reversed(temps):
+            sim.free(t)
         if len(item) > 2 and item[2] is not None:
             weight_buffer[item[2]] = bid
     baseline = sum(round_up(item[1]) for item in persistent)

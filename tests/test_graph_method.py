@@ -41,11 +41,6 @@ def test_custom_layer_internals_seen_by_the_graph_method():
     assert all(r.activation_bytes >= 2 * 512 * 2048 * 4 for r in gated)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known: measured 84-88 MiB (the executor's interleaving varies it), estimated "
-    "104 MiB: the simulated BFC allocator splits free chunks differently from "
-    "TensorFlow's here (fragmentation the real step does not have); "
-    "benchmarks/RESULTS.md"))
 def test_custom_layer_against_measurement():
     """Graph estimate within the issue's 15% of a real measurement (fresh
     process, BFC allocator, the highest of three processes)."""

@@ -42,13 +42,19 @@ def test_text_models():
 @pytest.mark.parametrize("name", ["seed_mlp", "small_cnn", "subclassed"])
 def test_grows_with_batch(name):
     model = models.ZOO[name]()
-    saved, peaks = [], []
+    saved, requested, peaks = [], [], []
     for batch in (1, 8, 64, 512):
         est = memscope.estimate(model, batch_size=batch, optimizer="sgd", device="cpu")
         saved.append(est.saved_activations_bytes)
+        requested.append(est.peak_bytes - est.allocator_bytes)
         peaks.append(est.peak_bytes)
     assert saved == sorted(saved) and saved[0] < saved[-1]
-    assert peaks == sorted(peaks) and peaks[0] < peaks[-1]
+    # What the step requests grows with the batch; the chunks the allocator
+    # hands out need not, for a model this small: the seed MLP measured
+    # 1.09-1.12 MB at batch 1, 1.11-1.19 MB at batch 8 and 1.02-1.31 MB at
+    # batch 64 (three processes each).
+    assert requested == sorted(requested) and requested[0] < requested[-1]
+    assert peaks[0] < peaks[-1]
 
 
 def test_shared_layer_counts_weights_once():
