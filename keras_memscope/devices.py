@@ -94,10 +94,14 @@ class DeviceProfile:
             and ``"reduce"`` (bytes/s); a family without a rate uses the peak.
         update_lag: how many finished weight gradients may wait for their
             optimizer update while the backward pass goes on.
-        weight_grad_lag: how many later gradient ops a weight-gradient kernel
-            overlaps with (TensorFlow's CPU executor runs two ops at once on two
-            cores, so a layer's filter gradient is still running while the next
-            layer's input gradient is computed: 1; a GPU runs one stream: 0).
+        weight_grad_lag: > 0 where weight gradients run beside the input
+            gradients (TensorFlow's CPU executor runs two ops at once on two
+            cores: 1; a GPU runs one stream: 0). The estimate times both
+            streams (``timing.backward_seconds``, at this profile's speeds or,
+            uncalibrated, ``timing.NOMINAL_CPU_SPEEDS``), so a slow filter
+            gradient outlasts as many later input gradients as its time
+            covers; the number is how many gradient ops a weight gradient
+            overlaps with where no times are given.
         fresh_pages_above, first_touch_bytes_s: allocations larger than
             ``fresh_pages_above`` bytes get new pages from the operating system
             at every step, and the kernel writing them pays for first touching

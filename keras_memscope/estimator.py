@@ -340,6 +340,7 @@ def estimate(
            else profile.update_lag)
     losses = [LossSpec(saved_bytes=math.prod(t.shape) * 4) for t in graph.outputs]
     temporaries = state.update_temporaries
+    dtypes = {c.index: (c.outputs[0].dtype if c.outputs else "float32") for c in graph.calls}
     result = simulate(
         ops,
         model_inputs=[t.id for t in graph.inputs],
@@ -349,6 +350,7 @@ def estimate(
         persistent=persistent,
         update_lag=lag,
         weight_grad_lag=profile.weight_grad_lag,
+        backward_time=_backward_time(profile, dtypes),
         all_reduce_bytes=(sum(w.nbytes for w in graph.variables if w.trainable)
                           if all_reduce else 0),
         remat=regions,
@@ -356,7 +358,6 @@ def estimate(
     )
 
     timed = timing.has_timing(profile)
-    dtypes = {c.index: (c.outputs[0].dtype if c.outputs else "float32") for c in graph.calls}
     times = timing.layer_times(result.costs, profile, dtypes) if timed else None
     flops = timing.layer_times(result.costs, _UNTIMED, dtypes) if not timed else times
     records = _layer_records(graph, ops, rule_names, result.layer_saved_bytes,
@@ -411,6 +412,15 @@ def estimate(
         remat=(remat_spec.describe() if remat_spec else
                ", ".join(sorted({s.describe() for s in per_layer.values()}))),
     )
+
+
+def _backward_time(profile: devices.DeviceProfile,
+                   dtypes: dict[int, str]) -> Callable[[Any], tuple[float, float]]:
+    """Seconds of each prim's input and weight gradients on ``profile`` (or,
+    uncalibrated, at nominal CPU speeds): they order the CPU's two gradient
+    streams in the simulated step."""
+    ordering = timing.ordering_profile(profile)
+    return lambda c: timing.backward_seconds(c, ordering, dtypes.get(c.layer_index, "float32"))
 
 
 def _initializer_temporaries(model: Any) -> dict[int, int]:

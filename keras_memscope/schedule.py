@@ -192,6 +192,7 @@ def simulate(
     remat: Sequence[Sequence[tuple[int, int]]] = (),
     allocator: str = "bfc",
     granule: int = 256,
+    backward_time: Callable[[PrimCost], tuple[float, float]] | None = None,
 ) -> StepResult:
     """Simulate a warm-up step and a measured step; see the module docstring.
 
@@ -203,6 +204,15 @@ def simulate(
     given as ``(layer index, prim position)``: as ``tf.recompute_grad`` does, a
     region keeps only its inputs through the forward pass and runs its forward
     prims again just before its gradients.
+
+    With ``weight_grad_lag`` > 0 the weight gradients run on a second stream
+    beside the input gradients (TensorFlow's CPU executor runs two ops at
+    once). ``backward_time`` gives each prim's seconds of input and of weight
+    gradients: a weight-gradient job then starts when the second stream is
+    free and ends when its time has passed on the first, holding its output
+    gradient, what it reads and its workspace until then (a U-Net's 128 x 128
+    filter gradient runs while three smaller layers' input gradients are
+    computed). Without it, each job ends ``weight_grad_lag`` gradient ops later.
     """
     flats, tensor_bytes, weight_of = _flatten(ops)
     weight_trainable = {w.key: w.trainable for op in ops for w in op.weights}
@@ -264,6 +274,9 @@ def simulate(
                                      if t in weight_of and weight_trainable[weight_of[t]])
             for t in wants:
                 grad_pending0[t] += 1
+    costs = _costs(flats, tensor_bytes, weight_of, set(region_of))
+    times = ([backward_time(c) for c in costs]
+             if backward_time is not None and weight_grad_lag > 0 else None)
     region_inputs: list[tuple[int, ...]] = []
     for idx in regions:
         made = {t for i in idx for t in flats[i].outs}
@@ -470,8 +483,8 @@ def simulate(
             sim.point("backward", f.op.name, f.prim.name + " (weight gradients)")
 
         # The input gradients are on the critical path; the weight-gradient
-        # kernels start at the same time and, with ``weight_grad_lag`` > 0, end
-        # while the next ops' gradients run (a second thread or stream).
+        # kernels start with them and, with ``weight_grad_lag`` > 0, may end
+        # while later ops' gradients run (a second thread; see ``simulate``).
         def recompute(r: int) -> None:
             """Run a region's forward prims again before its gradients, as
             tf.recompute_grad does: only the prims whose outputs the gradients
@@ -513,7 +526,34 @@ def simulate(
             for i in needed:
                 produce(flats[i], "recompute")
 
-        pending: deque[tuple[_Flat, list[int], list[int], int | None]] = deque()
+        # Weight-gradient jobs: [flat, weights, output gradients, workspace,
+        # start, end, started]; see ``backward_time``.
+        jobs: deque[list[Any]] = deque()
+        clock = 0.0  # when the input-gradient stream is free
+        weight_free = 0.0  # when the weight-gradient stream is free
+
+        def start_job(job: list[Any], with_workspace: bool = True) -> None:
+            f = job[0]
+            for t in job[1]:
+                partial[t].append(sim.alloc(tensor_bytes[t], f.op.name, GRADIENT))
+            if with_workspace:
+                job[3] = workspace(f, job[1])
+            job[6] = True
+
+        def advance(now: float) -> None:
+            """Start and end, in order, the weight-gradient jobs due by ``now``."""
+            while jobs:
+                job = jobs[0]
+                if not job[6]:
+                    if job[4] > now:
+                        return
+                    start_job(job)
+                    sim.check("backward")
+                if job[5] > now:
+                    return
+                jobs.popleft()
+                finish_weights((job[0], job[1], job[2], job[3]))
+
         seen_regions: set[int] = set()
         for i_flat in range(len(flats) - 1, -1, -1):
             f = flats[i_flat]
@@ -525,6 +565,7 @@ def simulate(
             if not f.needs_backward:
                 continue
             op, p = f.op, f.prim
+            advance(clock)
             out_grads = [grad_of.pop(t) for t in f.outs if t in grad_of]
             xts = [t for t in f.input_grads if t not in weight_of]
             wts = [t for t in f.input_grads if t in weight_of]
@@ -539,25 +580,40 @@ def simulate(
                 else:
                     bid = sim.alloc(tensor_bytes[t], op.name, GRADIENT)
                 partial[t].append(bid)
-            for t in wts:
-                partial[t].append(sim.alloc(tensor_bytes[t], op.name, GRADIENT))
+            t_in, t_w = times[i_flat] if times else (0.0, 0.0)
+            job: list[Any] = [f, wts, out_grads, None, clock, clock, False]
+            if times and wts:
+                # the weight gradients start with the input gradients when the
+                # second stream is free, else after what it is running
+                job[4] = max(weight_free, clock)
+                job[5] = weight_free = job[4] + t_w
+            starts_now = not times or job[4] <= clock
+            if starts_now:
+                start_job(job, with_workspace=False)
             sim.check("backward")
             # a gradient kernel's temporaries live beside the gradients it writes
             ws_x = workspace(f, xts, p.backward_workspace_bytes)
-            ws_w = workspace(f, wts)
+            if starts_now:
+                job[3] = workspace(f, wts)
             sim.check("backward")
             if ws_x is not None:
                 sim.free(ws_x)
             settle(xts)
             sim.point("backward", op.name, p.name)
-            pending.append((f, wts, out_grads, ws_w))
-            while len(pending) > weight_grad_lag:
-                finish_weights(pending.popleft())
+            clock += t_in
+            if times and not wts:
+                # nothing left to compute: the output gradient and what the
+                # gradient read go as soon as the input gradients are written
+                finish_weights((f, wts, out_grads, job[3]))
+            else:
+                jobs.append(job)
+            if not times:
+                while len(jobs) > weight_grad_lag:
+                    job = jobs.popleft()
+                    finish_weights((job[0], job[1], job[2], job[3]))
             if r is not None and i_flat == regions[r][0]:
-                while pending:  # the region's gradients are done
-                    finish_weights(pending.popleft())
-        while pending:
-            finish_weights(pending.popleft())
+                advance(float("inf"))  # the region's gradients are done
+        advance(float("inf"))
         if all_reduce_bytes:
             # the gradients are packed into one buffer and reduced across devices
             packed = sim.alloc(all_reduce_bytes, "all-reduce", WORKSPACE)
@@ -596,7 +652,7 @@ def simulate(
         layer_workspace_bytes=dict(layer_workspace),
         timeline=tuple(sim.timeline),
         holders=holders_at_peak,
-        costs=tuple(_costs(flats, tensor_bytes, weight_of, set(region_of))),
+        costs=tuple(costs),
         allocated_bytes=sim.allocated,
         copied_weights=frozenset(copy_on_write),
     )

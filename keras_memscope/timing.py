@@ -144,25 +144,60 @@ def layer_times(costs: Iterable[PrimCost], profile: DeviceProfile,
         a[3] += fwd_t
         if c.recomputed:  # run again before its gradients
             a[4] += fwd_t
-        bwd_flops = c.backward_input_flops + c.backward_weight_flops
-        if not (bwd_flops or c.backward_bytes):
+        if not (c.backward_input_flops or c.backward_weight_flops or c.backward_bytes):
             continue
         a[4] += first_touch_time(c.backward_allocs, profile)
-        if c.kernel in ("conv", "matmul") and bwd_flops:
-            # the two gradient kernels have their own speeds; each moves its share
-            families = (("conv_input_grad", "conv_filter_grad") if c.kernel == "conv"
-                        else MATMUL_GRAD_FAMILIES)
-            for part, family in zip((c.backward_input_flops, c.backward_weight_flops),
-                                    families):
-                if part:
-                    a[4] += op_time(part, c.backward_bytes * part / bwd_flops, profile,
-                                    dtype, family=family, min_dim=c.gemm_min_dim)
-        else:
-            kernels = (c.backward_input_flops > 0) + (c.backward_weight_flops > 0)
-            a[4] += op_time(bwd_flops, c.backward_bytes, profile, dtype, max(kernels, 1),
-                            family=c.kernel, min_dim=c.gemm_min_dim)
+        a[4] += sum(backward_seconds(c, profile, dtype))
     return {k: LayerTime(int(v[0]), int(v[1]), int(v[2]), v[3], v[4], int(v[5]))
             for k, v in acc.items()}
+
+
+def backward_seconds(c: PrimCost, profile: DeviceProfile,
+                     dtype: str = "float32") -> tuple[float, float]:
+    """Roofline seconds of a prim's gradients with respect to activations and
+    to weights. Convolutions and matmuls run each as its own kernel at its own
+    speed, each moving its share of the bytes; other prims' one kernel time is
+    split by FLOPs."""
+    bwd_flops = c.backward_input_flops + c.backward_weight_flops
+    if not (bwd_flops or c.backward_bytes):
+        return 0.0, 0.0
+    parts = (c.backward_input_flops, c.backward_weight_flops)
+    if c.kernel in ("conv", "matmul") and bwd_flops:
+        families = (("conv_input_grad", "conv_filter_grad") if c.kernel == "conv"
+                    else MATMUL_GRAD_FAMILIES)
+        t_in, t_w = (op_time(part, c.backward_bytes * part / bwd_flops, profile, dtype,
+                             family=family, min_dim=c.gemm_min_dim) if part else 0.0
+                     for part, family in zip(parts, families))
+        return t_in, t_w
+    kernels = (parts[0] > 0) + (parts[1] > 0)
+    total = op_time(bwd_flops, c.backward_bytes, profile, dtype, max(kernels, 1),
+                    family=c.kernel, min_dim=c.gemm_min_dim)
+    if not bwd_flops:
+        return total, 0.0
+    return total * parts[0] / bwd_flops, total * parts[1] / bwd_flops
+
+
+#: Speeds that only order the two gradient streams of a CPU (which kernel ends
+#: first) when the CPU is not calibrated: one calibration of a 2-core x86-64
+#: machine (tensorflow-cpu 2.21; ``memscope.calibrate``, benchmarks/RESULTS.md),
+#: where a 3x3 convolution's filter gradient ran at 59 GFLOP/s and its input
+#: gradient at 104. No time is reported from them.
+NOMINAL_CPU_SPEEDS: dict[str, Any] = {
+    "peak_flops": {"float32": 91.1e9},
+    "bandwidth_bytes_s": 17.6e9,
+    "op_overhead_s": 1.8e-6,
+    "rates": {"matmul": 91.1e9, "conv": 86.7e9, "conv_filter_grad": 58.9e9,
+              "conv_input_grad": 104.1e9, "reduce": 3.6e9},
+}
+
+
+def ordering_profile(profile: DeviceProfile) -> DeviceProfile:
+    """``profile`` where it has speeds, else it with :data:`NOMINAL_CPU_SPEEDS`."""
+    import dataclasses
+
+    if has_timing(profile):
+        return profile
+    return dataclasses.replace(profile, **NOMINAL_CPU_SPEEDS)
 
 
 def update_time(variable_bytes: Sequence[int], kernels_per_variable: int,
