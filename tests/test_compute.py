@@ -166,3 +166,31 @@ def test_cpu_profile_knows_which_allocator_reuses_pages(monkeypatch):
     assert devices._cpu_profile().fresh_pages_above == 32 << 20  # malloc: mmap above 32 MiB
     monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "true")
     assert devices._cpu_profile().fresh_pages_above is None
+
+
+def test_slow_weight_gradient_outlasts_later_input_gradients():
+    """On the CPU a weight gradient runs beside the input gradients: when its
+    kernel is slow, later layers' input gradients are computed while it (and
+    its buffers) are still alive; when fast, it ends first. A GPU runs one
+    stream."""
+    import dataclasses
+
+    model = keras.Sequential(
+        [keras.Input((32, 32, 8))]
+        + [layers.Conv2D(8, 3, padding="same", name=f"c{i}") for i in (1, 2, 3)]
+        + [layers.GlobalAveragePooling2D(), layers.Dense(2)])
+    base = memscope.devices.get_device("cpu")
+
+    def run(filter_rate, profile=base):
+        profile = dataclasses.replace(
+            profile, peak_flops={"float32": 1e11}, bandwidth_bytes_s=1e10, op_overhead_s=1e-6,
+            rates={"conv": 1e11, "conv_input_grad": 1e11, "conv_filter_grad": filter_rate})
+        est = memscope.estimate(model, 8, optimizer="sgd", device=profile)
+        events = [(p.layer, p.event) for p in est.timeline if p.phase == "backward"]
+        c3_weights = events.index(("c3", "Conv2D (weight gradients)"))
+        c2_inputs = events.index(("c2", "Conv2D"))
+        return c3_weights > c2_inputs
+
+    assert run(1e9)  # 100 times slower than the input gradients: outlasts them
+    assert not run(1e12)
+    assert not run(1e9, memscope.devices.get_device("a100-40gb"))
