@@ -130,6 +130,8 @@ def render_fit(report: Any) -> str:
                 for s in report.suggestions]
         lines.append(tabulate(rows, headers=["change", "peak", "fits", "cost"],
                               tablefmt="simple", disable_numparse=True))
+    for note in report.estimate.notes:
+        lines.append(f"Note: {note}")
     return "\n".join(lines)
 
 

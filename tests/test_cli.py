@@ -81,6 +81,14 @@ def test_fit_exit_codes(capsys):
     assert data["suggestions"]
 
 
+def test_fit_shows_the_estimates_notes(capsys):
+    # no optimizer given and the model is not compiled: the estimate says
+    # what it assumed, and so does `memscope fit`
+    assert cli.main(["fit", "tests.models:small_cnn", "--batch-size", "8",
+                     "--device", "h200"]) == 0
+    assert "Note: no optimizer given" in capsys.readouterr().out
+
+
 def test_max_batch_and_plot(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     png = tmp_path / "m.png"
