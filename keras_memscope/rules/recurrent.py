@@ -11,8 +11,8 @@ TensorFlow keeps, for every timestep, each tensor the cell's gradient needs:
 
 plus the time-major copy of the input (the kernel gradient reads every x_t).
 The backward loop holds one kernel's partial gradient for the step beside the
-running sums, as long as the per-step weight products keep up with the state
-gradient (:func:`backlog_bytes` is the bound when they do not). A layer that
+running sums, as long as the sums keep up with the loop (:func:`backlog_bytes`
+is the bound when they do not). A layer that
 does not return the sequence writes one output slot, not one per step.
 """
 
@@ -109,11 +109,14 @@ def backlog_bytes(call: CallRecord) -> int:
     The loop's sequential part (the state gradient) can run up to
     :data:`PARALLEL_ITERATIONS` iterations ahead of the per-step weight
     products and the sums they are added into; each iteration ahead then
-    holds one more partial gradient of every kernel. Whether it does is a
-    race between the executor's threads (an allocator trace of the zoo's LSTM
-    on a 2-core CPU: 33 partial recurrent kernels alive at once at batch 32,
-    never more than two at batch 8 or 16), so the estimate assumes one
-    partial and reports this bound beside it."""
+    holds one more partial gradient of every kernel. Whether it does depends
+    on how TensorFlow's executor schedules the loop, which the estimate does
+    not model: allocator traces of LSTMs on a 2-core CPU (tensorflow-cpu
+    2.21; 128-256 units, batch 8-32, 100-200 steps) show it with Adam, AdamW
+    and Adagrad (33 partial recurrent kernels alive at once over 200 steps,
+    8-10 over 100) and never with SGD, SGD with momentum or RMSprop (at most
+    three). So the estimate assumes one partial and reports this bound beside
+    it."""
     layer = call.layer
     inner = ([layer.forward_layer, layer.backward_layer]
              if isinstance(layer, keras.layers.Bidirectional) else [layer])
