@@ -462,8 +462,8 @@ def _loop_notes(graph: ModelGraph) -> list[str]:
                 f"timesteps ahead of its weight-gradient sums, each step ahead holding "
                 f"one more partial kernel gradient: up to {human_bytes(extra)} above "
                 "this estimate when it does (the estimate assumes the sums keep up; "
-                "on a CPU they did not when training with Adam, AdamW or Adagrad, and "
-                "did with SGD and RMSprop)")
+                "on a CPU they did not after an Embedding with Adam, AdamW or Adagrad, "
+                "and did with SGD, RMSprop or without the Embedding)")
     return notes
 
 

@@ -112,11 +112,11 @@ def backlog_bytes(call: CallRecord) -> int:
     holds one more partial gradient of every kernel. Whether it does depends
     on how TensorFlow's executor schedules the loop, which the estimate does
     not model: allocator traces of LSTMs on a 2-core CPU (tensorflow-cpu
-    2.21; 128-256 units, batch 8-32, 100-200 steps) show it with Adam, AdamW
-    and Adagrad (33 partial recurrent kernels alive at once over 200 steps,
-    8-10 over 100) and never with SGD, SGD with momentum or RMSprop (at most
-    three). So the estimate assumes one partial and reports this bound beside
-    it."""
+    2.21; 128-256 units, batch 8-32, 100-200 steps) show it after an
+    Embedding with Adam, AdamW and Adagrad (33 partial recurrent kernels
+    alive at once over 200 steps, 8-10 over 100), and never with SGD, SGD
+    with momentum or RMSprop, nor with Adam on float inputs (at most five).
+    So the estimate assumes one partial and reports this bound beside it."""
     layer = call.layer
     inner = ([layer.forward_layer, layer.backward_layer]
              if isinstance(layer, keras.layers.Bidirectional) else [layer])
