@@ -105,6 +105,20 @@ class _Buffer:
 
 
 @dataclasses.dataclass
+class _Job:
+    """A prim's weight gradients on the second stream: what they hold and when
+    they run (seconds from the start of the backward pass)."""
+
+    flat: _Flat
+    weights: list[int]
+    out_grads: list[int]
+    start: float
+    end: float
+    workspace: int | None = None
+    started: bool = False
+
+
+@dataclasses.dataclass
 class _Flat:
     op: LayerOp
     prim: Prim
@@ -471,15 +485,17 @@ def simulate(
                                               sim.buffers[ws].nbytes)
             return ws
 
-        def finish_weights(job: tuple[_Flat, list[int], list[int], int | None]) -> None:
-            f, wts, out_grads, ws = job
-            if ws is not None:
-                sim.free(ws)
-            for bid in out_grads:
+        def end_job(job: _Job) -> None:
+            """A prim's weight gradients are written: free their workspace, the
+            output gradients and what they read; hand them on."""
+            f = job.flat
+            if job.workspace is not None:
+                sim.free(job.workspace)
+            for bid in job.out_grads:
                 sim.free(bid)
             for t in f.saved:
                 release(t)
-            settle(wts)
+            settle(job.weights)
             sim.point("backward", f.op.name, f.prim.name + " (weight gradients)")
 
         # The input gradients are on the critical path; the weight-gradient
@@ -526,33 +542,29 @@ def simulate(
             for i in needed:
                 produce(flats[i], "recompute")
 
-        # Weight-gradient jobs: [flat, weights, output gradients, workspace,
-        # start, end, started]; see ``backward_time``.
-        jobs: deque[list[Any]] = deque()
+        jobs: deque[_Job] = deque()
         clock = 0.0  # when the input-gradient stream is free
         weight_free = 0.0  # when the weight-gradient stream is free
 
-        def start_job(job: list[Any], with_workspace: bool = True) -> None:
-            f = job[0]
-            for t in job[1]:
-                partial[t].append(sim.alloc(tensor_bytes[t], f.op.name, GRADIENT))
+        def start_job(job: _Job, with_workspace: bool = True) -> None:
+            for t in job.weights:
+                partial[t].append(sim.alloc(tensor_bytes[t], job.flat.op.name, GRADIENT))
             if with_workspace:
-                job[3] = workspace(f, job[1])
-            job[6] = True
+                job.workspace = workspace(job.flat, job.weights)
+            job.started = True
 
         def advance(now: float) -> None:
             """Start and end, in order, the weight-gradient jobs due by ``now``."""
             while jobs:
                 job = jobs[0]
-                if not job[6]:
-                    if job[4] > now:
+                if not job.started:
+                    if job.start > now:
                         return
                     start_job(job)
                     sim.check("backward")
-                if job[5] > now:
+                if job.end > now:
                     return
-                jobs.popleft()
-                finish_weights((job[0], job[1], job[2], job[3]))
+                end_job(jobs.popleft())
 
         seen_regions: set[int] = set()
         for i_flat in range(len(flats) - 1, -1, -1):
@@ -581,20 +593,20 @@ def simulate(
                     bid = sim.alloc(tensor_bytes[t], op.name, GRADIENT)
                 partial[t].append(bid)
             t_in, t_w = times[i_flat] if times else (0.0, 0.0)
-            job: list[Any] = [f, wts, out_grads, None, clock, clock, False]
+            job = _Job(f, wts, out_grads, clock, clock)
             if times and wts:
                 # the weight gradients start with the input gradients when the
                 # second stream is free, else after what it is running
-                job[4] = max(weight_free, clock)
-                job[5] = weight_free = job[4] + t_w
-            starts_now = not times or job[4] <= clock
+                job.start = max(weight_free, clock)
+                job.end = weight_free = job.start + t_w
+            starts_now = not times or job.start <= clock
             if starts_now:
                 start_job(job, with_workspace=False)
             sim.check("backward")
             # a gradient kernel's temporaries live beside the gradients it writes
             ws_x = workspace(f, xts, p.backward_workspace_bytes)
             if starts_now:
-                job[3] = workspace(f, wts)
+                job.workspace = workspace(f, wts)
             sim.check("backward")
             if ws_x is not None:
                 sim.free(ws_x)
@@ -604,13 +616,12 @@ def simulate(
             if times and not wts:
                 # nothing left to compute: the output gradient and what the
                 # gradient read go as soon as the input gradients are written
-                finish_weights((f, wts, out_grads, job[3]))
+                end_job(job)
             else:
                 jobs.append(job)
             if not times:
                 while len(jobs) > weight_grad_lag:
-                    job = jobs.popleft()
-                    finish_weights((job[0], job[1], job[2], job[3]))
+                    end_job(jobs.popleft())
             if r is not None and i_flat == regions[r][0]:
                 advance(float("inf"))  # the region's gradients are done
         advance(float("inf"))
