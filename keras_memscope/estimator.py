@@ -310,7 +310,8 @@ def estimate(
     overrides = tuple(rules or ())  # (classes: with_overrides checked them)
     ops, unsupported, rule_names = lower(graph, ruleset, method, overrides,
                                          profile.upcast_dtypes)
-    notes += _loop_notes(graph)
+    loop_extra, loop_notes = _loop_notes(graph)
+    notes += loop_notes
     state = optimizers.optimizer_state(opt, model, sharding.local_shapes)
     from . import remat as remat_lib
 
@@ -409,6 +410,7 @@ def estimate(
         device_batch_size=batch_size,
         recompute_flops=sum(c.forward_flops for c in result.costs if c.recomputed),
         step_allocated_bytes=result.allocated_bytes,
+        possible_extra_bytes=loop_extra,
         remat=(remat_spec.describe() if remat_spec else
                ", ".join(sorted({s.describe() for s in per_layer.values()}))),
     )
@@ -449,13 +451,16 @@ def _initializer_temporaries(model: Any) -> dict[int, int]:
     return found
 
 
-def _loop_notes(graph: ModelGraph) -> list[str]:
-    """What recurrent layers' gradient loops may add (``rules.recurrent``)."""
+def _loop_notes(graph: ModelGraph) -> tuple[int, list[str]]:
+    """What recurrent layers' gradient loops may add (``rules.recurrent``),
+    in bytes and in words."""
     from .rules.recurrent import PARALLEL_ITERATIONS, backlog_bytes
 
     notes = []
+    total = 0
     for call in graph.calls:
         extra = backlog_bytes(call)
+        total += extra
         if extra:
             notes.append(
                 f"{call.name}: its gradient loop can run up to {PARALLEL_ITERATIONS} "
@@ -464,7 +469,7 @@ def _loop_notes(graph: ModelGraph) -> list[str]:
                 "this estimate when it does (the estimate assumes the sums keep up; "
                 "on a CPU they did not after an Embedding with Adam, AdamW or Adagrad, "
                 "and did with SGD, RMSprop or without the Embedding)")
-    return notes
+    return total, notes
 
 
 def _shard_weights(graph: ModelGraph, sharding: Any) -> ModelGraph:

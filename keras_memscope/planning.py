@@ -68,10 +68,17 @@ class FitReport:
         """Available minus required (negative when it does not fit)."""
         return self.available_bytes - self.required_bytes
 
+    @property
+    def worst_case_bytes(self) -> int:
+        """Required plus what the executor's scheduling may add
+        (``MemoryEstimate.possible_extra_bytes``)."""
+        return self.required_bytes + self.estimate.possible_extra_bytes
+
     def to_dict(self) -> dict[str, Any]:
         return {"fits": self.fits, "batch_size": self.batch_size, "device": self.device,
                 "required_bytes": self.required_bytes, "available_bytes": self.available_bytes,
                 "headroom_bytes": self.headroom_bytes, "safety_margin": self.safety_margin,
+                "worst_case_bytes": self.worst_case_bytes,
                 "suggestions": [s.to_dict() for s in self.suggestions],
                 "estimate": self.estimate.to_dict()}
 

@@ -151,7 +151,11 @@ class MemoryEstimate:
     ``allocator_bytes`` what the allocator counts beyond the bytes requested at
     that moment (chunks it did not split, rounding).
     ``total_bytes`` adds the device runtime's own memory that the framework
-    allocator never sees (``overhead_bytes``).
+    allocator never sees (``overhead_bytes``). ``possible_extra_bytes`` is
+    what the step may hold above the peak where TensorFlow's executor can
+    schedule it otherwise than the estimate assumes (a recurrent layer's
+    gradient loop running ahead of its weight-gradient sums; the notes say
+    which); 0 where no such case is known.
     """
 
     model_name: str
@@ -187,6 +191,7 @@ class MemoryEstimate:
     recompute_flops: int = 0
     remat: str = ""
     step_allocated_bytes: int = 0
+    possible_extra_bytes: int = 0
 
     @property
     def no_reuse_bytes(self) -> int:

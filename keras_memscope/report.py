@@ -123,6 +123,12 @@ def render_fit(report: Any) -> str:
         + ("" if report.fits or report.headroom_bytes < 0 else
            f" (less than the {report.safety_margin:.0%} safety margin)"),
     ]
+    if report.worst_case_bytes > report.required_bytes:
+        room = report.available_bytes * (1 - report.safety_margin)
+        lines.append(
+            f"  up to {human_bytes(report.worst_case_bytes)} if a recurrent gradient loop "
+            "runs ahead of its weight sums (see the notes): "
+            + ("still fits" if report.worst_case_bytes <= room else "would not fit"))
     if report.suggestions:
         lines.append("")
         lines.append("Ways to make it fit (predicted allocator peak):")

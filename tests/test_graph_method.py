@@ -85,14 +85,31 @@ def test_lstm_loop_bound_noted():
     (note,) = [n for n in est.notes if "gradient loop" in n]
     kernels = ((64 + 128) * 4 * 128 + 4 * 128) * 4
     assert human_bytes(32 * kernels) in note
+    assert est.possible_extra_bytes == 32 * kernels
     short = keras.Sequential([keras.Input((5, 3)), keras.layers.GRU(4)])
     unrolled = keras.Sequential([keras.Input((5, 3)), keras.layers.GRU(4, unroll=True)])
     (short_note,) = [n for n in memscope.estimate(short, 2, device="cpu").notes
                      if "gradient loop" in n]
     kernels = ((3 + 4) * 3 * 4 + 2 * 3 * 4) * 4
     assert human_bytes(4 * kernels) in short_note
-    assert not [n for n in memscope.estimate(unrolled, 2, device="cpu").notes
-                if "gradient loop" in n]
+    unrolled_est = memscope.estimate(unrolled, 2, device="cpu")
+    assert not [n for n in unrolled_est.notes if "gradient loop" in n]
+    assert unrolled_est.possible_extra_bytes == 0
+
+
+def test_fit_report_gives_the_loop_bound():
+    """A memory that holds the estimate but not the loop's bound: it fits, and
+    the report says it would not if the loop ran ahead."""
+    from keras_memscope.report import render_fit
+
+    model = _text_lstm(False)
+    est = memscope.estimate(model, 8, optimizer="adam", device="cpu")
+    memory = int((est.peak_bytes + est.possible_extra_bytes // 2) / 0.95)
+    report = memscope.fits(model, 8, optimizer="adam", device="cpu", memory_bytes=memory)
+    assert report.fits
+    assert report.worst_case_bytes == est.peak_bytes + est.possible_extra_bytes
+    assert report.to_dict()["worst_case_bytes"] == report.worst_case_bytes
+    assert "would not fit" in render_fit(report)
 
 
 @pytest.mark.parametrize("return_sequences", [False, True])
