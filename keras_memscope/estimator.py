@@ -371,7 +371,7 @@ def estimate(
         [state.update_allocations + (w.key in result.copied_weights) for w in trainable])
         if timed else None)
     params = sum(_elements(w) for w in graph.variables)
-    trainable_params = sum(_elements(w) for w in graph.variables if w.trainable)
+    trainable_params = sum(_elements(w) for w in trainable)
     if graph.unattributed:
         notes.append(
             f"{len(graph.unattributed)} variable(s) are read by no recorded layer call; "

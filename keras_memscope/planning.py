@@ -74,6 +74,11 @@ class FitReport:
         (``MemoryEstimate.possible_extra_bytes``)."""
         return self.required_bytes + self.estimate.possible_extra_bytes
 
+    @property
+    def worst_case_fits(self) -> bool:
+        """Whether ``worst_case_bytes`` fits, by the same margin as ``fits``."""
+        return self.worst_case_bytes <= _usable(self.available_bytes, self.safety_margin)
+
     def to_dict(self) -> dict[str, Any]:
         return {"fits": self.fits, "batch_size": self.batch_size, "device": self.device,
                 "required_bytes": self.required_bytes, "available_bytes": self.available_bytes,
@@ -96,6 +101,11 @@ def _available(profile: DeviceProfile, memory_bytes: int | None) -> int:
             "(e.g. device='a100-40gb') or pass memory_bytes=..."
         )
     return available
+
+
+def _usable(available: int, margin: float) -> float:
+    """What an estimate may reach to fit: ``available`` less the margin."""
+    return available * (1 - margin)
 
 
 def _check_margin(margin: float) -> float:
@@ -130,7 +140,7 @@ def fits(
     available = _available(profile, memory_bytes)
     margin = _check_margin(safety_margin)
     est = estimate(model, batch_size, device=profile, **options)
-    ok = est.peak_bytes <= available * (1 - margin)
+    ok = est.peak_bytes <= _usable(available, margin)
     suggestions: tuple[Suggestion, ...] = ()
     if not ok and suggest:
         suggestions = tuple(suggest_remedies(model, est, profile, available, margin, options))
@@ -161,7 +171,7 @@ def max_batch_size(
     _check_model(model)
     profile = get_device(device)
     available = _available(profile, memory_bytes)
-    limit = int(available * (1 - _check_margin(safety_margin)))
+    limit = int(_usable(available, _check_margin(safety_margin)))
     if not isinstance(upper, int) or upper < 1:
         raise ValueError(f"upper must be a positive integer, got {upper!r}")
     from .estimator import resolve_method
@@ -437,7 +447,7 @@ def suggest_remedies(model: Any, est: MemoryEstimate, profile: DeviceProfile, av
                      margin: float, options: dict[str, Any]) -> list[Suggestion]:
     """Remedies ranked by memory saved per compute added, then, until one fits,
     the best ones combined (each step estimated)."""
-    limit = available * (1 - margin)
+    limit = _usable(available, margin)
     # the what-ifs use the method of the estimate they improve on
     options = _with_scaler(model, {**options, "method": est.method})
     micro = max_batch_size(model, device=profile, memory_bytes=available,

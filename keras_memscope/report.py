@@ -124,11 +124,10 @@ def render_fit(report: Any) -> str:
            f" (less than the {report.safety_margin:.0%} safety margin)"),
     ]
     if report.worst_case_bytes > report.required_bytes:
-        room = report.available_bytes * (1 - report.safety_margin)
         lines.append(
             f"  up to {human_bytes(report.worst_case_bytes)} if a recurrent gradient loop "
             "runs ahead of its weight sums (see the notes): "
-            + ("still fits" if report.worst_case_bytes <= room else "would not fit"))
+            + ("still fits" if report.worst_case_fits else "would not fit"))
     if report.suggestions:
         lines.append("")
         lines.append("Ways to make it fit (predicted allocator peak):")

@@ -210,9 +210,11 @@ def simulate(
 ) -> StepResult:
     """Simulate a warm-up step and a measured step; see the module docstring.
 
-    ``persistent`` lists ``(kind, bytes)`` or ``(kind, bytes, weight_key)``
-    allocations held across steps, in the order they are made (weights, the
-    batch, optimizer slots).
+    ``persistent`` lists ``(kind, bytes)``, ``(kind, bytes, weight_key)`` or
+    ``(kind, bytes, weight_key, temporaries)`` allocations held across steps,
+    in the order they are made (weights, the batch, optimizer slots);
+    ``temporaries`` same-sized buffers are allocated before the kept one and
+    freed after it (a random initializer's draw and its scaled copy).
 
     ``remat`` lists rematerialized regions, each a run of consecutive prims
     given as ``(layer index, prim position)``: as ``tf.recompute_grad`` does, a

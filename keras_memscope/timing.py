@@ -193,8 +193,6 @@ NOMINAL_CPU_SPEEDS: dict[str, Any] = {
 
 def ordering_profile(profile: DeviceProfile) -> DeviceProfile:
     """``profile`` where it has speeds, else it with :data:`NOMINAL_CPU_SPEEDS`."""
-    import dataclasses
-
     if has_timing(profile):
         return profile
     return dataclasses.replace(profile, **NOMINAL_CPU_SPEEDS)
@@ -314,20 +312,15 @@ def calibrate(device: str | DeviceProfile = "cpu", *, repeats: int = 5) -> Devic
         # one kernel writing a new buffer of the same size: with TensorFlow's
         # default CPU allocator its pages are new at every call
         @tf.function
-        def fresh_square() -> Any:
-            return tf.square(u)[0]
+        def fresh_square(a: Any) -> Any:
+            return tf.square(a)[0]
 
-        t_fresh = _best_time(lambda: fresh_square().numpy(), repeats)
+        t_fresh = _best_time(lambda: fresh_square(u).numpy(), repeats)
         # the same at 16 MiB: malloc's mapping threshold moves below its
         # 32 MiB ceiling with the allocation history
         mid = 4 * 1024 * 1024
         w = tf.random.normal((mid,))
-
-        @tf.function
-        def fresh_square_mid() -> Any:
-            return tf.square(w)[0]
-
-        t_fresh_mid = _best_time(lambda: fresh_square_mid().numpy(), repeats)
+        t_fresh_mid = _best_time(lambda: fresh_square(w).numpy(), repeats)
         # the same over arrays that stay in the last-level cache, many times
         cache = _last_level_cache_bytes()
         small_n = max(1024, cache // 4 // 4 // 4)  # three arrays in a quarter of it
@@ -372,7 +365,8 @@ def calibrate(device: str | DeviceProfile = "cpu", *, repeats: int = 5) -> Devic
         touch_mid = t_fresh_mid - 2 * mid * 4 / bandwidth
         if touch_mid > 0.5 * mid * 4 / first_touch:
             fresh_above = min(fresh_above, mid * 4 - 1)
-    cache_bandwidth = max(bandwidth, 50 * 3 * small_n * 4 / max(t_cached - 50 * overhead, 1e-9))
+    cached_bytes = 3 * small_n * 4  # what one cached kernel moved
+    cache_bandwidth = max(bandwidth, 50 * cached_bytes / max(t_cached - 50 * overhead, 1e-9))
     flops = {"float32": max(matmul_flops, conv_flops)}
     calibrated = dataclasses.replace(
         profile,
@@ -380,7 +374,7 @@ def calibrate(device: str | DeviceProfile = "cpu", *, repeats: int = 5) -> Devic
         bandwidth_bytes_s=bandwidth,
         # the cache speed holds for the data calibrated at it, not for any
         # kernel whose data would fit the cache on paper
-        cache_bytes=3 * small_n * 4 if profile.kind == "cpu" else None,
+        cache_bytes=cached_bytes if profile.kind == "cpu" else None,
         cache_bandwidth_bytes_s=cache_bandwidth if profile.kind == "cpu" else None,
         op_overhead_s=overhead,
         rates=rates,
@@ -392,7 +386,7 @@ def calibrate(device: str | DeviceProfile = "cpu", *, repeats: int = 5) -> Devic
                 f"{rates['conv_input_grad'] / 1e9:.1f}) GFLOP/s, reductions over the batch "
                 f"{rates['reduce'] / 1e9:.1f} GB/s, element-wise "
                 f"{bandwidth / 1e9:.1f} GB/s ({cache_bandwidth / 1e9:.1f} GB/s within the "
-                f"{cache >> 20} MiB cache, for kernels moving up to {3 * small_n * 4 >> 20} MiB), "
+                f"{cache >> 20} MiB cache, for kernels moving up to {cached_bytes >> 20} MiB), "
                 f"{overhead * 1e6:.1f} us per op"
                 + (f", new pages touched at {first_touch / 1e9:.1f} GB/s for buffers above "
                    f"{(fresh_above or 0) / 2**20:.0f} MiB" if first_touch else "") + "; "

@@ -127,8 +127,8 @@ def backlog_bytes(call: CallRecord) -> int:
     for sub in inner:
         if _kind(sub) is None or getattr(sub, "unroll", False):
             continue
-        own = {id(v) for v in sub.weights}
-        kernels = sum(w.nbytes for w in call.weights if w.key in own and w.trainable)
+        weights = _sub_call(call, sub, call.inputs, call.outputs).weights
+        kernels = sum(w.nbytes for w in weights if w.trainable)
         total += min(PARALLEL_ITERATIONS, max(int(x.shape[1]) - 1, 0)) * kernels
     return total
 
