@@ -467,8 +467,11 @@ def _loop_notes(graph: ModelGraph) -> tuple[int, list[str]]:
                 f"timesteps ahead of its weight-gradient sums, each step ahead holding "
                 f"one more partial kernel gradient: up to {human_bytes(extra)} above "
                 "this estimate when it does (the estimate assumes the sums keep up; "
-                "on a CPU they did not after an Embedding with Adam, AdamW or Adagrad, "
-                "and did with SGD, RMSprop or without the Embedding)")
+                "they fall behind when TensorFlow's graph optimizer orders the state "
+                "gradient last among the readers of a step's gate gradients and the "
+                "per-step weight products are the slower work, which depends on the "
+                "whole training step and the CPU: seen after an Embedding with Adam, "
+                "AdamW or Adagrad, not with SGD or RMSprop)")
     return total, notes
 
 

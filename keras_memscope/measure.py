@@ -330,8 +330,7 @@ def profile_step(model: Any, batch_size: int, *, optimizer: Any = "adam", loss: 
             "by_layer": by_layer, "by_category": by_category}
 
 
-def _op_durations(path: str) -> dict[str, float]:
-    """Seconds per TensorFlow op name from a profiler XSpace file."""
+def _load_xspace(path: str) -> Any:
     try:
         from tsl.profiler.protobuf import xplane_pb2
     except ImportError:
@@ -339,6 +338,34 @@ def _op_durations(path: str) -> dict[str, float]:
     space = xplane_pb2.XSpace()
     with open(path, "rb") as f:
         space.ParseFromString(f.read())
+    return space
+
+
+def _xspace_events(path: str, wanted: tuple[str, ...]) -> list[tuple[str, dict]]:
+    """The events of a profiler XSpace file named one of ``wanted`` (e.g.
+    ``MemoryAllocation``), in time order, each with its stats by name."""
+    found = []
+    for plane in _load_xspace(path).planes:
+        names = {k: v.name for k, v in plane.event_metadata.items()}
+        stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
+        for line in plane.lines:
+            for ev in line.events:
+                name = names.get(ev.metadata_id, "")
+                if name not in wanted:
+                    continue
+                stats = {}
+                for st in ev.stats:
+                    stats[stat_names.get(st.metadata_id)] = (
+                        st.str_value or (stat_names.get(st.ref_value) if st.ref_value else None)
+                        or st.int64_value or st.uint64_value or st.double_value)
+                found.append((line.timestamp_ns * 1000 + ev.offset_ps, name, stats))
+    found.sort(key=lambda e: e[0])
+    return [(name, stats) for _, name, stats in found]
+
+
+def _op_durations(path: str) -> dict[str, float]:
+    """Seconds per TensorFlow op name from a profiler XSpace file."""
+    space = _load_xspace(path)
     out: dict[str, float] = {}
     for plane in space.planes:
         names = {k: v.name for k, v in plane.event_metadata.items()}

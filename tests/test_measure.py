@@ -1,5 +1,10 @@
 """Estimates against the real allocator, measured in fresh processes."""
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
 import keras_memscope as memscope
@@ -30,3 +35,40 @@ def test_rules_estimate_against_measurement(make, batch, optimizer, processes):
     est = memscope.estimate(model, batch, optimizer=optimizer, device="cpu")
     error = (est.peak_bytes - worst) / worst
     assert abs(error) <= RULES_WORST, (est.peak_bytes, [m.step_peak_bytes for m in runs])
+
+
+PROFILE_ONE_OP = r"""
+import glob, json, sys, tempfile
+import tensorflow as tf
+from keras_memscope.measure import _xspace_events
+
+@tf.function
+def step(x):
+    return tf.reduce_sum(x * 2.0)
+
+x = tf.ones([512, 1024])
+step(x)
+logdir = tempfile.mkdtemp()
+tf.profiler.experimental.start(logdir)
+step(x)
+tf.profiler.experimental.stop()
+path = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)[0]
+events = _xspace_events(path, ("MemoryAllocation", "MemoryDeallocation"))
+print(json.dumps([[n, s.get("tf_op", ""), s.get("requested_bytes", 0), s.get("addr")]
+                  for n, s in events]))
+"""
+
+
+def test_profiler_memory_events_in_time_order():
+    """The profiler reader used by benchmarks/lstm_schedule.py: the step's 2 MiB
+    product is allocated by its op and freed after, in that order."""
+    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run([sys.executable, "-c", PROFILE_ONE_OP], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    events = json.loads(proc.stdout.strip().splitlines()[-1])
+    product = [e for e in events if e[0] == "MemoryAllocation" and e[2] == 512 * 1024 * 4]
+    assert product and product[0][1].endswith("mul"), events
+    addr = product[0][3]
+    order = [e[0] for e in events if e[3] == addr]
+    assert order[:2] == ["MemoryAllocation", "MemoryDeallocation"]

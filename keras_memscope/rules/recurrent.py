@@ -109,13 +109,27 @@ def backlog_bytes(call: CallRecord) -> int:
     The loop's sequential part (the state gradient) can run up to
     :data:`PARALLEL_ITERATIONS` iterations ahead of the per-step weight
     products and the sums they are added into; each iteration ahead then
-    holds one more partial gradient of every kernel. Whether it does depends
-    on how TensorFlow's executor schedules the loop, which the estimate does
-    not model: allocator traces of LSTMs on a 2-core CPU (tensorflow-cpu
-    2.21; 128-256 units, batch 8-32, 100-200 steps) show it after an
-    Embedding with Adam, AdamW and Adagrad (33 partial recurrent kernels
-    alive at once over 200 steps, 8-10 over 100), and never with SGD, SGD
-    with momentum or RMSprop, nor with Adam on float inputs (at most five).
+    holds one more partial gradient of every kernel. Whether it does is
+    decided at run time, by two things an estimate does not see (allocator
+    and op traces of LSTMs on a 2-core CPU, tensorflow-cpu 2.21):
+
+    * the order of the ops that read a step's gate gradients in the graph
+      TensorFlow runs. The executor runs the last expensive one of a
+      finished op's ready successors on the same thread and hands the others
+      to the thread pool. When the state-gradient product comes last, one
+      thread runs the sequential chain step after step and the other thread
+      gets every weight product, input gradient and sum. That order comes
+      from grappler's dependency optimizer sorting the whole training step,
+      so it changes with the rest of the graph (after a 128-wide Embedding
+      it put the state gradient last under Adam, AdamW and Adagrad, and the
+      input gradient last under SGD and RMSprop; with the dependency
+      optimizer off the Adam step kept up);
+    * whether that side work is slower than the chain on this CPU: with the
+      state gradient last, 256 units after an Embedding fell 33 partials
+      behind over 200 steps (12-32 over 100), while 512 units, or 256 units
+      on float inputs (no input gradient), kept up; at batch 1, SGD fell 33
+      behind with the input gradient last (``benchmarks/lstm_schedule.py``).
+
     So the estimate assumes one partial and reports this bound beside it."""
     layer = call.layer
     inner = ([layer.forward_layer, layer.backward_layer]
