@@ -6,6 +6,7 @@ schedule (the simulated step) -> an immutable estimate.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import warnings
@@ -310,8 +311,8 @@ def estimate(
     overrides = tuple(rules or ())  # (classes: with_overrides checked them)
     ops, unsupported, rule_names = lower(graph, ruleset, method, overrides,
                                          profile.upcast_dtypes)
-    loop_extra, loop_notes = _loop_notes(graph)
-    notes += loop_notes
+    loop_backlog = _loop_backlog(graph)
+    loop_extra = 0
     state = optimizers.optimizer_state(opt, model, sharding.local_shapes)
     from . import remat as remat_lib
 
@@ -342,8 +343,8 @@ def estimate(
     losses = [LossSpec(saved_bytes=math.prod(t.shape) * 4) for t in graph.outputs]
     temporaries = state.update_temporaries
     dtypes = {c.index: (c.outputs[0].dtype if c.outputs else "float32") for c in graph.calls}
-    result = simulate(
-        ops,
+    step = functools.partial(
+        simulate,
         model_inputs=[t.id for t in graph.inputs],
         model_outputs=[t.id for t in graph.outputs],
         losses=losses,
@@ -357,6 +358,12 @@ def estimate(
         remat=regions,
         allocator=profile.allocator,
     )
+    result = step(ops)
+    if loop_backlog:
+        # the same step with every recurrent loop's backlog held while its
+        # gradient runs: how much higher the peak can be
+        loop_extra = max(0, step(ops, worst_case=True).peak_bytes - result.peak_bytes)
+        notes += _loop_notes(loop_backlog, loop_extra)
 
     timed = timing.has_timing(profile)
     times = timing.layer_times(result.costs, profile, dtypes) if timed else None
@@ -451,28 +458,34 @@ def _initializer_temporaries(model: Any) -> dict[int, int]:
     return found
 
 
-def _loop_notes(graph: ModelGraph) -> tuple[int, list[str]]:
-    """What recurrent layers' gradient loops may add (``rules.recurrent``),
-    in bytes and in words."""
-    from .rules.recurrent import PARALLEL_ITERATIONS, backlog_bytes
+def _loop_backlog(graph: ModelGraph) -> list[tuple[str, int]]:
+    """The recurrent calls whose gradient loop may run ahead of its
+    weight-gradient sums, with the bytes it would then hold
+    (``rules.recurrent.backlog_bytes``)."""
+    from .rules.recurrent import backlog_bytes
 
-    notes = []
-    total = 0
-    for call in graph.calls:
-        extra = backlog_bytes(call)
-        total += extra
-        if extra:
-            notes.append(
-                f"{call.name}: its gradient loop can run up to {PARALLEL_ITERATIONS} "
-                f"timesteps ahead of its weight-gradient sums, each step ahead holding "
-                f"one more partial kernel gradient: up to {human_bytes(extra)} above "
-                "this estimate when it does (the estimate assumes the sums keep up; "
-                "they fall behind when TensorFlow's graph optimizer orders the state "
-                "gradient last among the readers of a step's gate gradients and the "
-                "per-step weight products are the slower work, which depends on the "
-                "whole training step and the CPU: seen after an Embedding with Adam, "
-                "AdamW or Adagrad, not with SGD or RMSprop)")
-    return total, notes
+    found = [(call.name, backlog_bytes(call)) for call in graph.calls]
+    return [(name, n) for name, n in found if n]
+
+
+def _loop_notes(backlog: list[tuple[str, int]], extra: int) -> list[str]:
+    """What recurrent layers' gradient loops may add, in words: each layer's
+    backlog, and how much higher the simulated peak is with them held."""
+    from .rules.recurrent import PARALLEL_ITERATIONS
+
+    notes = [
+        f"{name}: its gradient loop can run up to {PARALLEL_ITERATIONS} timesteps ahead "
+        f"of its weight-gradient sums, each step ahead holding one more partial kernel "
+        f"gradient ({human_bytes(n)} at most); the estimate assumes the sums keep up. "
+        "They fall behind when TensorFlow's graph optimizer orders the state gradient "
+        "last among the readers of a step's gate gradients and the per-step weight "
+        "products are the slower work, which depends on the whole training step and "
+        "the CPU (seen after an Embedding with Adam, AdamW or Adagrad, not with SGD "
+        "or RMSprop)"
+        for name, n in backlog]
+    notes.append(f"with every recurrent loop's backlog held, the simulated peak is "
+                 f"{human_bytes(extra)} higher (possible_extra_bytes)")
+    return notes
 
 
 def _shard_weights(graph: ModelGraph, sharding: Any) -> ModelGraph:

@@ -39,6 +39,11 @@ class Prim:
         backward_workspace_parts: the sizes of the allocations those bytes
             are (a gradient's intermediates are separate tensors, not one
             block); empty: one allocation.
+        backlog_parts: allocations its gradient may hold beside its workspace
+            at worst, which the estimate does not assume (a recurrent loop
+            running ahead of its weight-gradient sums: one partial gradient of
+            every kernel per timestep ahead); ``simulate(worst_case=True)``
+            holds them, which gives the estimate's ``possible_extra_bytes``.
         workspace_for: ``(input, bytes)`` pairs: more temporary bytes while the
             gradient with respect to that input is computed.
         output_pieces: ``(output, n)`` pairs: that output is n equal
@@ -78,6 +83,7 @@ class Prim:
     forward_workspace_bytes: int = 0
     backward_workspace_bytes: int = 0
     backward_workspace_parts: tuple[int, ...] = ()
+    backlog_parts: tuple[int, ...] = ()
     workspace_for: tuple[tuple[str, int], ...] = ()
     output_pieces: tuple[tuple[str, int], ...] = ()
     grad_inplace: bool = False
@@ -148,7 +154,7 @@ def prim(
     **kwargs: object,
 ) -> Prim:
     """Build a :class:`Prim` from lists (a convenience for rules)."""
-    for key in ("save", "inplace", "upcast_workspace"):
+    for key in ("save", "inplace", "upcast_workspace", "backlog_parts"):
         if key in kwargs:
             kwargs[key] = tuple(kwargs[key])  # type: ignore[arg-type]
     if "workspace_for" in kwargs:

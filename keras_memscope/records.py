@@ -152,10 +152,10 @@ class MemoryEstimate:
     that moment (chunks it did not split, rounding).
     ``total_bytes`` adds the device runtime's own memory that the framework
     allocator never sees (``overhead_bytes``). ``possible_extra_bytes`` is
-    what the step may hold above the peak where TensorFlow's executor can
-    schedule it otherwise than the estimate assumes (a recurrent layer's
-    gradient loop running ahead of its weight-gradient sums; the notes say
-    which); 0 where no such case is known.
+    how much higher the peak is where TensorFlow's executor schedules the
+    step otherwise than the estimate assumes: the step simulated again with
+    every recurrent layer's gradient loop run ahead of its weight-gradient
+    sums (the notes say which); 0 where no such case is known.
     """
 
     model_name: str

@@ -207,6 +207,7 @@ def simulate(
     allocator: str = "bfc",
     granule: int = 256,
     backward_time: Callable[[PrimCost], tuple[float, float]] | None = None,
+    worst_case: bool = False,
 ) -> StepResult:
     """Simulate a warm-up step and a measured step; see the module docstring.
 
@@ -229,6 +230,10 @@ def simulate(
     gradient, what it reads and its workspace until then (a U-Net's 128 x 128
     filter gradient runs while three smaller layers' input gradients are
     computed). Without it, each job ends ``weight_grad_lag`` gradient ops later.
+
+    With ``worst_case`` a prim's input gradient also holds its
+    ``backlog_parts`` (a recurrent loop that ran ahead of its weight-gradient
+    sums).
     """
     flats, tensor_bytes, weight_of = _flatten(ops)
     weight_trainable = {w.key: w.trainable for op in ops for w in op.weights}
@@ -482,6 +487,9 @@ def simulate(
             if not ws_bytes:
                 return None
             parts = p.backward_workspace_parts if extra and not own else ()
+            if worst_case and extra and p.backlog_parts:
+                parts = (*(parts or (ws_bytes,)), *p.backlog_parts)
+                ws_bytes = sum(parts)
             ws = sim.alloc(ws_bytes, f.op.name, WORKSPACE, sizes=parts)
             layer_workspace[f.op.index] = max(layer_workspace[f.op.index],
                                               sim.buffers[ws].nbytes)

@@ -85,13 +85,18 @@ def test_lstm_loop_bound_noted():
     (note,) = [n for n in est.notes if "gradient loop" in n]
     kernels = ((64 + 128) * 4 * 128 + 4 * 128) * 4
     assert human_bytes(32 * kernels) in note
-    assert est.possible_extra_bytes == 32 * kernels
+    # the step simulated again with the 32 partials held while the loop's
+    # gradient runs: the peak rises, by at most twice their bytes (a chunk is
+    # split unless it is under twice the request)
+    assert 0 < est.possible_extra_bytes <= 2 * 32 * kernels
+    assert human_bytes(est.possible_extra_bytes) in " ".join(est.notes)
     short = keras.Sequential([keras.Input((5, 3)), keras.layers.GRU(4)])
     unrolled = keras.Sequential([keras.Input((5, 3)), keras.layers.GRU(4, unroll=True)])
     (short_note,) = [n for n in memscope.estimate(short, 2, device="cpu").notes
                      if "gradient loop" in n]
     kernels = ((3 + 4) * 3 * 4 + 2 * 3 * 4) * 4
     assert human_bytes(4 * kernels) in short_note
+    assert 0 < memscope.estimate(short, 2, device="cpu").possible_extra_bytes <= 2 * 4 * kernels
     unrolled_est = memscope.estimate(unrolled, 2, device="cpu")
     assert not [n for n in unrolled_est.notes if "gradient loop" in n]
     assert unrolled_est.possible_extra_bytes == 0
@@ -121,7 +126,7 @@ def test_lstm_against_measurement(return_sequences):
     model = _text_lstm(return_sequences)
     measured = memscope.measure(model, 16, optimizer="sgd", steps=4, device="cpu").peak_bytes
     est = memscope.estimate(model, 16, optimizer="sgd", device="cpu")
-    bound = est.possible_extra_bytes  # 32 partial kernels (test_lstm_loop_bound_noted)
+    bound = est.possible_extra_bytes  # 32 partial kernels held (test_lstm_loop_bound_noted)
     assert est.peak_bytes * 0.85 <= measured <= (est.peak_bytes + bound) * 1.15, (
         est.peak_bytes, measured)
 

@@ -83,6 +83,7 @@ def recurrent(call: CallRecord) -> list[Prim]:
         # and each step's zeros are freed as its gradient is written: the
         # two together hold one input's worth, counted as the input gradient
         backward_workspace_bytes=kernel_bytes + step_bytes,
+        backlog_parts=_backlog_parts(call, steps),
     )
     # each timestep pushes its own small tensors, only read by the gradient
     b.prims[-1] = Prim(**{**b.prims[-1].__dict__, "save": (xs, state),
@@ -100,6 +101,13 @@ def recurrent(call: CallRecord) -> list[Prim]:
 #: Keras' TensorFlow loop (``keras.src.backend.tensorflow.rnn``) lets this many
 #: iterations run at once.
 PARALLEL_ITERATIONS = 32
+
+
+def _backlog_parts(call: CallRecord, steps: int) -> list[int]:
+    """One partial gradient of every trainable weight of the layer per
+    iteration the loop may run ahead (see :func:`backlog_bytes`)."""
+    ahead = min(PARALLEL_ITERATIONS, max(int(steps) - 1, 0))
+    return [w.nbytes for w in call.weights if w.trainable] * ahead
 
 
 def backlog_bytes(call: CallRecord) -> int:
