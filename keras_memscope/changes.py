@@ -76,8 +76,9 @@ def whatif(
     Args:
         model: as for :func:`estimate`.
         batch_size: the effective batch; with ``accumulation_steps=k`` each
-            step trains on ``ceil(batch_size / k)`` samples and the optimizer
-            accumulates k gradients.
+            step trains on ``batch_size / k`` samples (k must divide it, or
+            the effective batch would change) and the optimizer accumulates k
+            gradients.
         dtype_policy: e.g. ``"mixed_bfloat16"``.
         optimizer: a name or an instance.
         remat: as for :func:`estimate` (a RematScope mode, ``"checkpoints"``,
@@ -97,7 +98,14 @@ def whatif(
                 or accumulation_steps < 1:
             raise ValueError(f"accumulation_steps must be a positive integer, got "
                              f"{accumulation_steps!r}")
-        step_batch = -(-batch_size // accumulation_steps)
+        if batch_size % accumulation_steps:
+            divisors = [k for k in range(1, batch_size + 1) if batch_size % k == 0]
+            raise ValueError(
+                f"batch {batch_size} does not split into {accumulation_steps} equal "
+                f"micro-batches, so accumulation would change the effective batch: use "
+                f"accumulation_steps in {divisors}, or a batch_size that "
+                f"{accumulation_steps} divides")
+        step_batch = batch_size // accumulation_steps
         optimizer = accumulating(optimizer, model, accumulation_steps)
     with frozen(model, freeze):
         est = estimate(model, step_batch, dtype_policy=dtype_policy, optimizer=optimizer,

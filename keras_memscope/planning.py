@@ -11,7 +11,6 @@ given, catching out-of-memory errors.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 from .devices import DeviceProfile, get_device
@@ -412,8 +411,10 @@ def _remedy_candidates(model: Any, est: MemoryEstimate, profile: DeviceProfile,
     out: list[tuple[str, dict, str]] = []
     batch = est.batch_size
     if 0 < micro < batch:
-        steps = math.ceil(batch / micro)
-        out.append((f"batch {math.ceil(batch / steps)} x {steps} accumulation steps "
+        # the fewest steps whose equal micro-batches fit (the effective batch
+        # stays the same only when the steps divide it)
+        steps = min(k for k in range(2, batch + 1) if batch % k == 0 and batch // k <= micro)
+        out.append((f"batch {batch // steps} x {steps} accumulation steps "
                     f"(same effective batch {batch})", {"accumulation_steps": steps},
                     f"{steps} smaller steps per update; one more gradient-sized buffer"))
     if est.dtype_policy == "float32" and _rebuildable(model):

@@ -54,7 +54,9 @@ def test_suggestions_are_ranked_and_each_estimated():
     assert "accumulation" in titles and "SGD with momentum" in titles
     acc = next(s for s in report.suggestions if "accumulation" in s.title)
     steps = acc.change["accumulation_steps"]
-    micro = -(-4096 // steps)
+    assert 4096 % steps == 0  # the same effective batch
+    micro = 4096 // steps
+    assert f"batch {micro} x {steps} accumulation steps" in acc.title
     assert acc.fits
     # the accumulation suggestion is exactly the estimate of that configuration
     opt = keras.optimizers.Adam(gradient_accumulation_steps=steps)

@@ -50,6 +50,35 @@ def test_optimizer_and_accumulation_whatifs():
     assert acc.optimizer_bytes > base.optimizer_bytes
 
 
+def test_accumulation_must_keep_the_effective_batch():
+    """Micro-batches of ceil(10 / 3) = 4 would train on 12 samples per update,
+    not 10: refused with the steps that divide the batch."""
+    with pytest.raises(ValueError, match=r"does not split into 3 .*\[1, 2, 5, 10\]"):
+        memscope.whatif(seed_mlp(), 10, accumulation_steps=3, device="cpu")
+    with pytest.raises(ValueError, match="does not split into 16"):
+        memscope.whatif(seed_mlp(), 8, accumulation_steps=16, device="cpu")
+    est = memscope.whatif(seed_mlp(), 10, accumulation_steps=5, device="cpu")
+    assert est.device_batch_size == 2
+    assert "batch 2 x 5 accumulation steps (effective batch 10)" in est.notes[-1]
+
+
+def test_suggested_accumulation_divides_the_batch():
+    """Where the largest micro-batch that fits does not divide the batch, the
+    suggestion takes the fewest steps that do (batch 12 with micro-batches of
+    up to 5: 3 steps of 4)."""
+    from keras_memscope.devices import get_device
+    from keras_memscope.planning import _remedy_candidates
+
+    model = seed_mlp()
+    est = memscope.estimate(model, 12, optimizer="adam", device="cpu")
+    profile = get_device("cpu")
+    for micro, steps in ((5, 3), (7, 2), (3, 4), (1, 12)):
+        (acc,) = [c for c in _remedy_candidates(model, est, profile, {}, micro)
+                  if "accumulation_steps" in c[1]]
+        assert acc[1] == {"accumulation_steps": steps}
+        assert f"batch {12 // steps} x {steps} accumulation steps" in acc[0]
+
+
 def test_freeze_whatif_equals_a_frozen_model_and_restores():
     model = small_cnn()
     names = [model.layers[0].name]
