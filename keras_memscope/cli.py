@@ -26,6 +26,39 @@ class CliError(Exception):
     """A problem to report in one line, without a traceback."""
 
 
+#: API spellings in library messages and notes, and what to type instead on
+#: the command line (pattern, replacement)
+_CLI_WORDS = (
+    (r"\(e\.g\. device='([\w-]+)'\) or pass memory_bytes=\.\.\.",
+     r"(e.g. --device \1) or give --memory SIZE (e.g. --memory 16GB)"),
+    (r"use device='(\w+)' \(and memory_bytes=\.\.\.\)", r"use --device \1 (and --memory SIZE)"),
+    (r"pass optimizer=\.\.\. to choose", "give --optimizer NAME to choose"),
+    (r"verify=True", "--verify"),
+    (r"pass input_shape=\(\.\.\.\) without the batch dimension, e\.g\. "
+     r"estimate\(model, batch_size=32, input_shape=\(28, 28, 1\)\), or build the model "
+     r"first \(keras\.Input or model\.build\)",
+     "give --input-shape without the batch dimension, e.g. --input-shape 28,28,1"),
+    (r"pass input_shape=\.\.\. giving every dimension after the batch, e\.g\. "
+     r"input_shape=\(([\d, ]+?),?\)",
+     lambda m: "give --input-shape with every dimension after the batch, e.g. "
+               "--input-shape " + m.group(1).replace(" ", "")),
+    (r"pass input_shape=\.\.\.", "give --input-shape"),
+)
+
+
+def _cli_words(text: str) -> str:
+    """Library messages as the command line says them (its flags, not keywords)."""
+    import re
+
+    for pattern, replacement in _CLI_WORDS:
+        text = re.sub(pattern, replacement, text)
+    return text
+
+
+def _cli_error(exc: Exception) -> CliError:
+    return CliError(_cli_words(str(exc)))
+
+
 def _parse_shape(text: str) -> tuple[int | None, ...]:
     try:
         return tuple(None if p.strip() in ("", "none", "None") else int(p)
@@ -194,7 +227,7 @@ def _estimate(args: argparse.Namespace, model: Any) -> Any:
     try:
         return estimate(model, args.batch_size, device=args.device, **_options(args))
     except (ValueError, TypeError) as exc:
-        raise CliError(str(exc)) from None
+        raise _cli_error(exc) from None
 
 
 def _plot(args: argparse.Namespace, model: Any) -> None:
@@ -209,7 +242,7 @@ def _plot(args: argparse.Namespace, model: Any) -> None:
                         memory_bytes=getattr(args, "memory_bytes", None),
                         safety_margin=getattr(args, "safety_margin", 0.05), **sweep)
     except ImportError as exc:
-        raise CliError(str(exc)) from None
+        raise _cli_error(exc) from None
     print(f"wrote {args.plot}", file=sys.stderr)
 
 
@@ -218,7 +251,8 @@ def _cmd_summary(args: argparse.Namespace) -> int:
 
     model = load_model(args.model, args.app, args.input_shape, args.unsafe)
     est = _estimate(args, model)
-    print({"table": render_summary, "json": to_json, "csv": to_csv}[args.format](est))
+    text = {"table": render_summary, "json": to_json, "csv": to_csv}[args.format](est)
+    print(_cli_words(text) if args.format == "table" else text)
     _plot(args, model)
     if args.timeline:
         from .plot import timeline
@@ -233,7 +267,7 @@ def _cmd_summary(args: argparse.Namespace) -> int:
         try:
             timeline(ests, args.timeline, labels=labels)
         except ImportError as exc:
-            raise CliError(str(exc)) from None
+            raise _cli_error(exc) from None
         print(f"wrote {args.timeline}", file=sys.stderr)
     return EXIT_OK
 
@@ -250,7 +284,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
                       memory_bytes=args.memory_bytes, safety_margin=args.safety_margin,
                       **_options(args))
     except (ValueError, TypeError) as exc:
-        raise CliError(str(exc)) from None
+        raise _cli_error(exc) from None
     if args.format == "json":
         data = report.to_dict()
         data.pop("estimate")
@@ -260,7 +294,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         print(f"{report.fits},{report.batch_size},{report.device},{report.required_bytes},"
               f"{report.available_bytes},{report.headroom_bytes}")
     else:
-        print(render_fit(report))
+        print(_cli_words(render_fit(report)))
     _plot(args, model)
     return EXIT_OK if report.fits else EXIT_NO_FIT
 
@@ -276,7 +310,7 @@ def _cmd_max_batch(args: argparse.Namespace) -> int:
                                 safety_margin=args.safety_margin, verify=args.verify,
                                 **_options(args))
     except (ValueError, TypeError) as exc:
-        raise CliError(str(exc)) from None
+        raise _cli_error(exc) from None
     if isinstance(result, BatchSearch):
         data = result.to_dict()
     else:

@@ -158,3 +158,8 @@ def gated_mlp() -> keras.Model:
     h = layers.Dense(2048)(h)
     h = Gated()(h)
     return keras.Model(x, layers.Dense(10)(h), name="gated_mlp")
+
+
+def unbuilt_mlp() -> keras.Model:
+    """A Sequential model without an input: its shape must be given."""
+    return keras.Sequential([keras.layers.Dense(8), keras.layers.Dense(2)])

@@ -56,6 +56,11 @@ def test_summary_from_application_table(capsys):
     (["summary", "tests.models:nothing"], "has no callable 'nothing'"),
     (["summary", "what"], "cannot tell what 'what' is"),
     (["summary", "tests.models:seed_mlp", "--device", "tpu"], "unknown device 'tpu'"),
+    # the library's hint, in the command line's own words
+    (["fit", "tests.models:seed_mlp", "--batch-size", "8", "--device", "gpu"],
+     "no known memory size: name a device (e.g. --device a100-40gb) or give --memory SIZE"),
+    (["summary", "tests.models:unbuilt_mlp", "--device", "cpu"],
+     "give --input-shape without the batch dimension, e.g. --input-shape 28,28,1"),
 ])
 def test_errors_are_one_line_with_exit_code_2(args, message, capsys):
     assert cli.main(args) == 2
