@@ -25,7 +25,11 @@ class TFMemorySource:
         strategy = getattr(model, "distribute_strategy", None) or tf.distribute.get_strategy()
         names: list[str] = []
         extended = getattr(strategy, "extended", None)
-        for d in getattr(extended, "worker_devices", ()) or ():
+        try:
+            workers = extended.worker_devices if extended is not None else ()
+        except (RuntimeError, NotImplementedError, AttributeError):
+            workers = ()  # the default strategy (no distribution) has no list
+        for d in workers or ():
             names.append(_short_device(d))
         if len(names) > 1 or (names and isinstance(strategy, tf.distribute.MirroredStrategy)):
             return names
@@ -137,6 +141,7 @@ class MemScopeCallback(keras.callbacks.Callback):
         self.history: list[dict[str, float]] = []
         self._warned: set[str] = set()
         self._readable = True
+        self._estimate_pending = False
 
     # -- helpers ---------------------------------------------------------------
 
@@ -183,22 +188,11 @@ class MemScopeCallback(keras.callbacks.Callback):
         if self.batch_size is None:
             self._warn_once("batch", "MemScopeCallback cannot tell the batch size fit() uses; "
                             "pass MemScopeCallback(batch_size=...) to compare with an estimate")
+        elif getattr(self.model, "built", True):
+            self._make_estimate()
         else:
-            try:
-                from .estimator import estimate
-
-                options = {"device": self._device_profile(), **self.estimate_options}
-                per_replica = max(1, self.batch_size // max(1, len(self.devices)))
-                self.estimate = estimate(self.model, per_replica, **options)
-            except Exception as exc:
-                self._warn_once("estimate", f"MemScopeCallback could not estimate this model "
-                                f"({type(exc).__name__}: {exc}); logging measurements only")
-        if self.estimate is not None:
-            est = self.estimate
-            line = (f"memscope: estimated training-step peak {human_bytes(est.peak_bytes)}"
-                    f" per device at batch {est.batch_size} ({est.optimizer}, {est.device};"
-                    f" persistent {human_bytes(est.persistent_bytes)})")
-            (self.print_fn or logger.info)(line)
+            # a model without an Input is built by its first batch: estimate then
+            self._estimate_pending = True
         if any(d.startswith("CPU") for d in self.devices):
             import os
 
@@ -212,6 +206,24 @@ class MemScopeCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if self.log_every == "epoch":
             self._record(logs if logs is not None else {}, epoch=epoch)
+
+    def _make_estimate(self) -> None:
+        self._estimate_pending = False
+        try:
+            from .estimator import estimate
+
+            options = {"device": self._device_profile(), **self.estimate_options}
+            per_replica = max(1, (self.batch_size or 1) // max(1, len(self.devices)))
+            self.estimate = estimate(self.model, per_replica, **options)
+        except Exception as exc:
+            self._warn_once("estimate", f"MemScopeCallback could not estimate this model "
+                            f"({type(exc).__name__}: {exc}); logging measurements only")
+            return
+        est = self.estimate
+        line = (f"memscope: estimated training-step peak {human_bytes(est.peak_bytes)}"
+                f" per device at batch {est.batch_size} ({est.optimizer}, {est.device};"
+                f" persistent {human_bytes(est.persistent_bytes)})")
+        (self.print_fn or logger.info)(line)
 
     def _on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         self._record(logs if logs is not None else {}, batch=batch)
@@ -230,6 +242,8 @@ class MemScopeCallback(keras.callbacks.Callback):
         # The same keys every time (NaN where a device could not be read), so
         # that CSVLogger's columns, fixed at the first epoch, always match.
         nan = float("nan")
+        if self._estimate_pending and getattr(self.model, "built", True):
+            self._make_estimate()
         readings: dict[str, tuple[float, float]] = {}
         for device in self.devices:
             try:

@@ -167,6 +167,41 @@ def test_real_cpu_in_process_never_breaks_training():
     assert cb.estimate is not None and cb.devices == ["CPU:0"]
 
 
+def test_default_strategy_lists_its_device_without_a_warning():
+    """No distribution strategy is the usual case: the device is read without
+    a warning (the default strategy has no worker list to ask)."""
+    cb = memscope.MemScopeCallback(print_fn=lambda s: None)
+    model = small_model()
+    x, y = data()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[cb])
+    assert cb.devices == ["CPU:0"]
+    assert not [w for w in caught if "cannot list devices" in str(w.message)]
+
+
+def test_model_built_by_its_first_batch_is_estimated():
+    """A Sequential model without an Input is built by fit's first batch,
+    after on_train_begin: the estimate waits for it instead of giving up."""
+    model = keras.Sequential([keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+    model.compile("adam", "mse")
+    x, y = data()
+    lines = []
+    cb = memscope.MemScopeCallback(memory_source=FakeSource(["GPU:0"]), device="gpu",
+                                   print_fn=lines.append)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hist = model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb])
+    assert not [w for w in caught if "could not estimate" in str(w.message)]
+    assert cb.estimate is not None and cb.estimate.batch_size == 16
+    assert len(hist.history["memscope_estimate_bytes"]) == 2
+    built = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(1)])
+    assert cb.estimate.peak_bytes == memscope.estimate(built, 16, optimizer="adam",
+                                                       device="gpu").peak_bytes
+    assert len(lines) == 1 and "estimated training-step peak" in lines[0]
+
+
 def test_per_batch_logging():
     model = small_model()
     x, y = data()
