@@ -147,7 +147,7 @@ def apply(
     import keras
 
     from .remat import FAILS_IN_FIT_ON_TF, parse_remat
-    from .transform import _check_rebuildable, _set_policy
+    from .transform import _check_rebuildable, _set_policy, own_config
 
     _check_rebuildable(model, "apply()")
     spec = parse_remat(remat)
@@ -170,7 +170,8 @@ def apply(
         if dtype_policy is not None:
             keras.config.set_dtype_policy(dtype_policy)
         with scope:
-            new = type(model).from_config(config)
+            with own_config():
+                new = type(model).from_config(config)
     finally:
         keras.config.set_dtype_policy(previous)
     new.set_weights(model.get_weights())

@@ -8,6 +8,7 @@ some layers frozen. The user's model is not touched.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -74,7 +75,8 @@ def rebuild(model: Any, *, dtype_policy: str | None = None, freeze: Freeze = Non
         try:
             if dtype_policy is not None:
                 keras.config.set_dtype_policy(dtype_policy)
-            clone = type(model).from_config(config)
+            with own_config():
+                clone = type(model).from_config(config)
         finally:
             keras.config.set_dtype_policy(previous)
     # what estimates read from a compiled model: its optimizer and loss
@@ -84,6 +86,18 @@ def rebuild(model: Any, *, dtype_policy: str | None = None, freeze: Freeze = Non
     if freeze is not None:
         apply_freeze(clone, freeze)
     return clone
+
+
+def own_config() -> Any:
+    """A scope for rebuilding a model from its own config in this process.
+    Keras' safe mode refuses Lambda layers with Python functions, guarding
+    configs read from files; here the functions are the model's own, already
+    loaded, so rebuilding them runs no new code."""
+    try:
+        from keras.src.saving.serialization_lib import SafeModeScope
+    except ImportError:  # another Keras layout: keep its default
+        return contextlib.nullcontext()
+    return SafeModeScope(False)
 
 
 def _copy_trainable(src: Any, dst: Any) -> None:

@@ -142,3 +142,27 @@ def test_calls_differing_only_in_arguments_are_traced_apart():
     by_name = {r.name: r for r in est.layers}
     # the mask's ops make the causal call's forward longer than the plain one's
     assert by_name["causal"].forward_flops > by_name["plain"].forward_flops
+
+
+def test_raw_ops_nodes_are_traced_and_masks_have_a_rule(caplog):
+    """keras.ops calls in a Functional model (Operations, without variables)
+    trace like layers; the mask an Embedding(mask_zero=True) computes is a
+    comparison with a rule (no gradient), so neither method falls back."""
+    import logging
+
+    from keras import ops
+
+    x = keras.Input((10, 6))
+    h = keras.layers.Conv1D(8, 3)(x)
+    mean = keras.Model(x, ops.mean(h, axis=1))
+    with caplog.at_level(logging.WARNING, logger="keras_memscope"):
+        est = memscope.estimate(mean, 8, method="graph", device="cpu")
+    assert not [r for r in caplog.records if "could not trace" in r.getMessage()]
+    assert {r.name: r.rule for r in est.layers}[est.layers[-1].name] == "graph"
+
+    t = keras.Input((12,), dtype="int32")
+    e = keras.layers.Embedding(50, 8, mask_zero=True)(t)
+    masked = keras.Model(t, keras.layers.LSTM(8)(e))
+    for method in ("graph", "rules"):
+        est = memscope.estimate(masked, 8, method=method, device="cpu")
+        assert not est.unsupported, (method, est.unsupported)

@@ -199,3 +199,19 @@ def test_recomputation_runs_only_what_the_gradient_reads():
     activation = forward[2:]  # after MatMul and BiasAdd
     assert again and len(again) == len(activation) - 1, (forward, again)
     assert again == activation[:-1]
+
+
+def test_precision_whatif_and_apply_rebuild_a_lambda_layer():
+    """Rebuilding the user's own model (its Lambda's Python function already
+    in this process) is not refused by Keras' safe mode for files."""
+    x = keras.Input((16,))
+    h = layers.Dense(32)(x)
+    h = layers.Lambda(lambda t: t * 2.0)(h)
+    model = keras.Model(x, layers.Dense(2)(h))
+    est = memscope.whatif(model, 8, dtype_policy="mixed_bfloat16", optimizer="sgd",
+                          device="cpu")
+    assert est.dtype_policy == "mixed_bfloat16"
+    new = memscope.apply(model, dtype_policy="mixed_bfloat16", optimizer="sgd", loss="mse")
+    assert new.layers[2].compute_dtype == "bfloat16"
+    out = new(np.ones((1, 16), "float32"))
+    assert out.shape == (1, 2)

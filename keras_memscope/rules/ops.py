@@ -40,6 +40,17 @@ def op_mul(call: CallRecord) -> list[Prim]:
     return b.finish([z])
 
 
+@register(*_classes(np_ops, "Equal", "NotEqual", "Greater", "GreaterEqual", "Less",
+                    "LessEqual", "LogicalAnd", "LogicalOr", "LogicalNot", "LogicalXor",
+                    "IsNan", "IsInf", "IsFinite"))
+def op_compare(call: CallRecord) -> list[Prim]:
+    """Comparisons and logic (e.g. the mask of ``Embedding(mask_zero=True)``):
+    a boolean output, no gradient, nothing kept."""
+    b = Builder(call)
+    z = b.add1("compare", _ins(call), call.outputs[0].nbytes, differentiable=())
+    return b.finish([z])
+
+
 @register(*_classes(np_ops, "Matmul", "Einsum", "Dot", "Tensordot"))
 def op_matmul(call: CallRecord) -> list[Prim]:
     """Matrix products keep both operands; MACs = elements(out) x contracted size."""
