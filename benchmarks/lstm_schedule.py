@@ -10,7 +10,7 @@ steps and count the most partial recurrent-kernel gradients alive at once.
     python -m benchmarks.lstm_schedule
 
 The table is in benchmarks/RESULTS.md (LSTM, under "Where the remaining error
-comes from"); the estimate's recurrent notes (``rules.recurrent.backlog_bytes``)
+comes from"); the estimate's recurrent notes (``rules.recurrent._backlog_parts``)
 cite it.
 """
 

@@ -311,7 +311,7 @@ def estimate(
     overrides = tuple(rules or ())  # (classes: with_overrides checked them)
     ops, unsupported, rule_names = lower(graph, ruleset, method, overrides,
                                          profile.upcast_dtypes)
-    loop_backlog = _loop_backlog(graph)
+    loop_backlog = _loop_backlog(ops)
     loop_extra = 0
     state = optimizers.optimizer_state(opt, model, sharding.local_shapes)
     from . import remat as remat_lib
@@ -458,13 +458,11 @@ def _initializer_temporaries(model: Any) -> dict[int, int]:
     return found
 
 
-def _loop_backlog(graph: ModelGraph) -> list[tuple[str, int]]:
-    """The recurrent calls whose gradient loop may run ahead of its
-    weight-gradient sums, with the bytes it would then hold
-    (``rules.recurrent.backlog_bytes``)."""
-    from .rules.recurrent import backlog_bytes
-
-    found = [(call.name, backlog_bytes(call)) for call in graph.calls]
+def _loop_backlog(ops: Sequence[LayerOp]) -> list[tuple[str, int]]:
+    """The layer calls whose gradient loop may run ahead of its
+    weight-gradient sums, with the bytes it would then hold (their prims'
+    ``backlog_parts``: ``rules.recurrent``)."""
+    found = [(op.name, sum(sum(p.backlog_parts) for p in op.prims)) for op in ops]
     return [(name, n) for name, n in found if n]
 
 

@@ -11,7 +11,7 @@ TensorFlow keeps, for every timestep, each tensor the cell's gradient needs:
 
 plus the time-major copy of the input (the kernel gradient reads every x_t).
 The backward loop holds one kernel's partial gradient for the step beside the
-running sums, as long as the sums keep up with the loop (:func:`backlog_bytes`
+running sums, as long as the sums keep up with the loop (:func:`_backlog_parts`
 is the bound when they do not). A layer that
 does not return the sequence writes one output slot, not one per step.
 """
@@ -104,15 +104,10 @@ PARALLEL_ITERATIONS = 32
 
 
 def _backlog_parts(call: CallRecord, steps: int) -> list[int]:
-    """One partial gradient of every trainable weight of the layer per
-    iteration the loop may run ahead (see :func:`backlog_bytes`)."""
-    ahead = min(PARALLEL_ITERATIONS, max(int(steps) - 1, 0))
-    return [w.nbytes for w in call.weights if w.trainable] * ahead
-
-
-def backlog_bytes(call: CallRecord) -> int:
     """What a recurrent call's gradient loop holds beyond its estimate when it
-    runs ahead of its weight-gradient sums.
+    runs ahead of its weight-gradient sums: one partial gradient of every
+    trainable weight per iteration ahead (the prim's ``backlog_parts``; none
+    for an unrolled layer, which has no loop).
 
     The loop's sequential part (the state gradient) can run up to
     :data:`PARALLEL_ITERATIONS` iterations ahead of the per-step weight
@@ -138,21 +133,12 @@ def backlog_bytes(call: CallRecord) -> int:
       on float inputs (no input gradient), kept up; at batch 1, SGD fell 33
       behind with the input gradient last (``benchmarks/lstm_schedule.py``).
 
-    So the estimate assumes one partial and reports this bound beside it."""
-    layer = call.layer
-    inner = ([layer.forward_layer, layer.backward_layer]
-             if isinstance(layer, keras.layers.Bidirectional) else [layer])
-    x = call.inputs[0] if call.inputs else None
-    if x is None or len(x.shape) != 3:
-        return 0
-    total = 0
-    for sub in inner:
-        if _kind(sub) is None or getattr(sub, "unroll", False):
-            continue
-        weights = _sub_call(call, sub, call.inputs, call.outputs).weights
-        kernels = sum(w.nbytes for w in weights if w.trainable)
-        total += min(PARALLEL_ITERATIONS, max(int(x.shape[1]) - 1, 0)) * kernels
-    return total
+    So the estimate assumes one partial, and its worst case
+    (``simulate(worst_case=True)``, ``possible_extra_bytes``) holds these."""
+    if getattr(call.layer, "unroll", False):
+        return []
+    ahead = min(PARALLEL_ITERATIONS, max(int(steps) - 1, 0))
+    return [w.nbytes for w in call.weights if w.trainable] * ahead
 
 
 def _sub_call(call: CallRecord, layer: object, inputs: tuple[TensorInfo, ...],
