@@ -87,9 +87,10 @@ def whatif(
         freeze: layer names, or a predicate on layers, to make non-trainable.
         options: more :func:`estimate` options (``device``, ``input_shape``...).
     """
-    from .estimator import _check_batch_size, estimate
+    from .estimator import _check_batch_size, check_options, estimate
     from .transform import resolve_model
 
+    check_options("whatif", options, "dtype_policy", "accumulation_steps", "freeze")
     model = resolve_model(model)
     batch_size = _check_batch_size(batch_size)
     step_batch = batch_size

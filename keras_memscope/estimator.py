@@ -36,6 +36,20 @@ _FREE_GRAD_TF_OPS = {
 }
 
 
+def check_options(caller: str, options: Mapping[str, Any], *also: str) -> None:
+    """``options`` handed on to :func:`estimate` by ``caller``: a misspelt
+    one is named in the caller's terms, with the ones it takes."""
+    import inspect
+
+    known = [p for p in inspect.signature(estimate).parameters
+             if p not in ("model", "batch_size")]
+    for name in options:
+        if name not in known:
+            public = sorted({n for n in [*known, *also] if not n.startswith("_")})
+            raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}; "
+                            f"it takes {', '.join(public)}")
+
+
 def _check_batch_size(batch_size: Any) -> int:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int):
         try:
@@ -604,6 +618,7 @@ def summary(
     """
     from .report import render_summary
 
+    check_options("summary", options, "print_fn")
     est = estimate(model, batch_size, **options)
     (print_fn or print)(render_summary(est))
     return est

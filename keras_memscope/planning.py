@@ -131,9 +131,10 @@ def fits(
     ``(1 - safety_margin)`` of that. When it does not, ``suggestions`` lists
     the applicable remedies, each with its predicted peak, smallest first.
     """
-    from .estimator import estimate
+    from .estimator import check_options, estimate
     from .transform import resolve_model
 
+    check_options("fits", options, "memory_bytes", "safety_margin", "suggest")
     model = resolve_model(model)
     profile = get_device(device)
     available = _available(profile, memory_bytes)
@@ -163,9 +164,11 @@ def max_batch_size(
     With ``verify=True`` returns a :class:`BatchSearch` with the predicted and
     the verified batch and the number of real trial steps.
     """
-    from .estimator import _check_model
+    from .estimator import _check_model, check_options
     from .transform import resolve_model
 
+    check_options("max_batch_size", options, "memory_bytes", "safety_margin", "upper",
+                  "verify")
     model = resolve_model(model)
     _check_model(model)
     profile = get_device(device)

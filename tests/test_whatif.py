@@ -215,3 +215,18 @@ def test_precision_whatif_and_apply_rebuild_a_lambda_layer():
     assert new.layers[2].compute_dtype == "bfloat16"
     out = new(np.ones((1, 16), "float32"))
     assert out.shape == (1, 2)
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda m: memscope.whatif(m, 8, optimzer="sgd", device="cpu"), "whatif"),
+    (lambda m: memscope.fits(m, 8, device="cpu", memory_bytes=2**30, bogus=1), "fits"),
+    (lambda m: memscope.max_batch_size(m, device="cpu", memory_bytes=2**30, bogus=1),
+     "max_batch_size"),
+    (lambda m: memscope.summary(m, 8, bogus=1), "summary"),
+])
+def test_misspelt_option_is_named_by_the_function_called(call, name):
+    """Options are handed on to estimate(); a misspelt one is reported by the
+    function the user called, with the options it takes."""
+    with pytest.raises(TypeError, match=rf"^{name}\(\) got an unexpected keyword argument "
+                                        r"'(optimzer|bogus)'; it takes .*optimizer"):
+        call(seed_mlp())
