@@ -77,6 +77,9 @@ def _check_model(model: Any) -> None:
             f"expected a Keras model (keras.Model), got {type(model).__name__}; "
             "build it first, e.g. keras.applications.ResNet50(weights=None)"
         )
+    if isinstance(model, keras.Sequential) and not model.layers:
+        raise ValueError(f"model {model.name!r} has no layers (only its input): there is "
+                         "no training step to estimate")
 
 
 def glue_rule(call: CallRecord) -> list[Prim]:

@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from typing import Any
 
 from .records import Measurement
@@ -123,6 +124,8 @@ def _worker_main() -> None:
     optimizer = spec.get("optimizer") or "adam"
     if isinstance(optimizer, dict):
         optimizer = keras.optimizers.deserialize(optimizer)
+    if isinstance(spec.get("loss"), dict):
+        spec["loss"] = keras.losses.get(spec["loss"])
     result = run_steps(model, spec["batch_size"], optimizer=optimizer, loss=spec.get("loss"),
                        steps=spec["steps"], device=spec["device"],
                        input_shape=spec.get("input_shape"))
@@ -209,7 +212,7 @@ def measure(
         imports = _custom_modules(model)
         spec = {"model": config, "batch_size": batch_size, "optimizer": opt_spec,
                 "imports": imports, "sys_path": [p or os.getcwd() for p in sys.path],
-                "steps": steps, "device": device, "loss": loss,
+                "steps": steps, "device": device, "loss": _loss_spec(loss),
                 "input_shape": list(input_shape) if input_shape else None,
                 "dtype_policy": getattr(getattr(model, "dtype_policy", None), "name", None)}
         raw = measure_subprocess(spec)
@@ -223,6 +226,29 @@ def measure(
                             or os.environ.get(ENV_BFC, "").lower() == "true") else "default",
         in_subprocess=not in_process,
     )
+
+
+def _loss_spec(loss: Any) -> Any:
+    """``loss`` as it travels to the measuring process: a name as it is, a
+    Keras loss (object or registered function) as its config."""
+    if loss is None or isinstance(loss, str):
+        return loss
+    import keras
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (Keras' warning about a lambda)
+            spec = keras.losses.serialize(loss)
+        json.dumps(spec)
+        if not callable(keras.losses.get(spec)):
+            raise ValueError
+    except Exception:
+        raise ValueError(
+            f"loss {loss!r} cannot travel to the measuring process: give its name "
+            "(e.g. 'mse'), a keras.losses object, or a function registered with "
+            "keras.saving.register_keras_serializable; or start Python with "
+            "TF_CPU_ALLOCATOR_USE_BFC=true and pass in_process=True") from None
+    return spec
 
 
 def _custom_modules(model: Any) -> list[str]:

@@ -27,6 +27,23 @@ def test_not_a_model():
         memscope.estimate("resnet", batch_size=2)
 
 
+def test_model_without_layers():
+    with pytest.raises(ValueError, match="has no layers .*no training step to estimate"):
+        memscope.estimate(keras.Sequential([keras.Input((4,))]), batch_size=2)
+
+
+def test_measure_loss_must_travel_to_its_process():
+    """A loss the measuring process cannot rebuild is refused up front with
+    the ways to give it; a Keras loss object travels with its config."""
+    with pytest.raises(ValueError, match="cannot travel to the measuring process: give its "
+                                         "name"):
+        memscope.measure(seed_mlp(), 8, steps=1, device="cpu", in_process=False,
+                         loss=lambda y, p: keras.ops.mean(p))
+    m = memscope.measure(seed_mlp(), 8, steps=1, device="cpu", in_process=False,
+                         loss=keras.losses.Huber(delta=2.0))
+    assert m.peak_bytes > 0
+
+
 def test_unbuilt_model_needs_input_shape():
     model = keras.Sequential([keras.layers.Dense(4)])
     with pytest.raises(ValueError, match="pass input_shape"):
