@@ -173,9 +173,7 @@ def _trace(call: CallRecord) -> list[Prim]:
     names = list(call.input_names)
     # the weights come in as arguments too (a StatelessScope): a layer
     # whose variables were never allocated traces like any other
-    # (a raw keras.ops node of a Functional model is an Operation: no variables)
-    trainable = list(getattr(layer, "trainable_variables", ()))
-    frozen = list(getattr(layer, "non_trainable_variables", ()))
+    trainable, frozen = _variables(layer)
     weight_specs = [tf.TensorSpec(tuple(v.shape), v.dtype) for v in trainable + frozen]
     boundary: list[int] = []
     out_names: list[str] = []
@@ -399,12 +397,19 @@ def _only_known_saves(prims: list[Prim]) -> list[Prim]:
     return out
 
 
+def _variables(layer: Any) -> tuple[list[Any], list[Any]]:
+    """A traced call's trainable and frozen variables, in the order its
+    weight arguments take them (a raw keras.ops node of a Functional model is
+    an Operation: none)."""
+    return (list(getattr(layer, "trainable_variables", ())),
+            list(getattr(layer, "non_trainable_variables", ())))
+
+
 def _variable_refs(call: CallRecord, graph: Any) -> dict[str, str]:
     """The weight placeholders in the graph -> the call's weight references
     (``w#i``, by position in ``call.weights``)."""
     position = {w.key: i for i, w in enumerate(call.weights)}
-    variables = (list(getattr(call.layer, "trainable_variables", ()))
-                 + list(getattr(call.layer, "non_trainable_variables", ())))
+    variables = [v for group in _variables(call.layer) for v in group]
     placeholders = [t for t in graph.inputs if t.dtype.name != "resource"]
     placeholders = placeholders[len(call.inputs):len(call.inputs) + len(variables)]
     return {t.name: f"w#{position[id(v)]}" for t, v in zip(placeholders, variables)
