@@ -6,9 +6,11 @@ Real processes differ in those times, so their allocators see the same
 requests in slightly different orders and round them into different chunks.
 This re-simulates ResNet-50 at batch 16 (Adam, and SGD instead) with every
 prim's two gradient times scaled by independent log-normal factors (sigma
-given), once per seed, and prints each history's peaks and the saving.
+given; the default is one op's step-to-step spread measured by
+``benchmarks/op_time_spread.py``), once per seed, and prints each history's
+peaks and the saving.
 
-    python -m benchmarks.history_spread [--seeds 10] [--sigma 0.3]
+    python -m benchmarks.history_spread [--seeds 10] [--sigma 0.35]
 
 Measured for comparison (``python -m benchmarks.remedies``): Adam 1850 MiB,
 SGD 1578 MiB, saving 271 MiB (206-307 between processes).
@@ -30,7 +32,7 @@ from . import zoo
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=10)
-    parser.add_argument("--sigma", type=float, default=0.3)
+    parser.add_argument("--sigma", type=float, default=0.35)
     parser.add_argument("--batch", type=int, default=16)
     args = parser.parse_args(argv)
 

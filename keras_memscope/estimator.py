@@ -351,7 +351,13 @@ def estimate(
     persistent: list[tuple] = [("weights", w.nbytes, w.key, temporaries_of.get(w.key, 0))
                                for w in graph.variables]
     persistent += [("input batch", n) for n in input_sizes]
-    persistent += [("optimizer state", n) for n in state.variable_bytes]
+    # Without a distribution strategy Keras builds the optimizer while tracing
+    # the first step, and slots that start equal share one buffer until their
+    # first update (optimizers.Slot); under a strategy it builds them eagerly.
+    weight_key = {w.path: w.key for w in graph.variables}
+    slots = [(weight_key.get(slot.follows), slot.nbytes,
+              slot.share_key if sharding.devices <= 1 else None)
+             for slot in state.slots]
 
     n_trainable = sum(1 for w in graph.variables if w.trainable)
     all_reduce = sharding.all_reduce
@@ -367,6 +373,7 @@ def estimate(
         losses=losses,
         update_workspace=lambda nbytes: nbytes * temporaries,
         persistent=persistent,
+        slots=slots,
         update_lag=lag,
         weight_grad_lag=profile.weight_grad_lag,
         backward_time=_backward_time(profile, dtypes),

@@ -63,6 +63,26 @@ _UPDATE_ALLOCATIONS = {"SGD": 0, "Adam": 3, "AdamW": 3}
 
 
 @dataclasses.dataclass(frozen=True)
+class Slot:
+    """One optimizer variable: the model variable it follows (its path; None
+    for the optimizer's own, e.g. the step counter), its bytes, and what makes
+    two of them start as one buffer (shape, dtype, initial value).
+
+    When ``fit`` or ``train_on_batch`` builds the optimizer while tracing its
+    training step (no distribution strategy: Keras defers the build), every
+    slot of the same shape, dtype and initial value starts as one shared
+    buffer (ResNet-50 under Adam: 428 slots, 28 buffers, 43.6 MiB instead of
+    195 MiB); a slot's first update writes a copy of its own, the last one
+    keeps the buffer. So the slots are allocated during the first step, each
+    beside its variable's update, in the order of the backward pass.
+    """
+
+    follows: str | None
+    nbytes: int
+    share_key: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
 class OptimizerState:
     """What an optimizer holds and how its update behaves.
 
@@ -82,10 +102,7 @@ class OptimizerState:
     update_allocations: int
     needs_all_gradients: bool
     variables: tuple[tuple[str, tuple[int, ...], str], ...]
-
-    @property
-    def variable_bytes(self) -> list[int]:
-        return [math.prod(shape) * dtype_bytes(dtype) for _, shape, dtype in self.variables]
+    slots: tuple[Slot, ...] = ()
 
 
 def resolve(optimizer: Any, model: Any) -> tuple[Any, list[str]]:
@@ -216,16 +233,26 @@ def optimizer_state(optimizer: Any, model: Any,
     for opt in (copy, getattr(copy, "inner_optimizer", None)):
         if opt is not None:
             opt._var_key = id
+    # which model variable each slot follows, and the value it starts from
+    reference: dict[int, tuple[str, str]] = {}
+    for opt in (copy, getattr(copy, "inner_optimizer", None)):
+        if opt is not None:
+            opt.add_variable_from_reference = _recording(opt.add_variable_from_reference,
+                                                         reference)
     with weightless():
         copy.build(trainable)
         variables = list(copy.variables)
     described = []
+    slots = []
     total = 0
     for v in variables:
         dtype = keras.backend.standardize_dtype(v.dtype)
         shape = tuple(int(d) for d in v.shape)
         total += round_up(math.prod(shape) * dtype_bytes(dtype))
         described.append((v.path if hasattr(v, "path") else v.name, shape, dtype))
+        ref, start = reference.get(id(v), (None, ""))
+        slots.append(Slot(ref, math.prod(shape) * dtype_bytes(dtype),
+                          (shape, dtype, start) if ref is not None else None))
     needs_all = bool(getattr(optimizer, "inner_optimizer", None) is not None) or bool(
         getattr(optimizer, "global_clipnorm", None)
     )
@@ -240,4 +267,20 @@ def optimizer_state(optimizer: Any, model: Any,
             kind, _UPDATE_TEMPORARIES.get(kind, _DEFAULT_TEMPORARIES)),
         needs_all_gradients=needs_all,
         variables=tuple(described),
+        slots=tuple(slots),
     )
+
+
+def _recording(add_variable_from_reference: Any, reference: dict[int, tuple[str, str]]) -> Any:
+    """``add_variable_from_reference`` that notes each slot's model variable
+    and initial value."""
+
+    def wrapped(reference_variable: Any, name: Any = None, initializer: Any = "zeros") -> Any:
+        var = add_variable_from_reference(reference_variable, name=name,
+                                          initializer=initializer)
+        start = (initializer if isinstance(initializer, str)
+                 else f"{type(initializer).__name__}{sorted(initializer.get_config().items())}")
+        reference[id(var)] = (getattr(reference_variable, "path", reference_variable.name), start)
+        return var
+
+    return wrapped

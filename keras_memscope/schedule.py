@@ -208,6 +208,7 @@ def simulate(
     granule: int = 256,
     backward_time: Callable[[PrimCost], tuple[float, float]] | None = None,
     worst_case: bool = False,
+    slots: Sequence[tuple[int | None, int, Any]] = (),
 ) -> StepResult:
     """Simulate a warm-up step and a measured step; see the module docstring.
 
@@ -216,6 +217,13 @@ def simulate(
     in the order they are made (weights, the batch, optimizer slots);
     ``temporaries`` same-sized buffers are allocated before the kept one and
     freed after it (a random initializer's draw and its scaled copy).
+
+    ``slots`` lists the optimizer's variables after ``persistent``, each
+    ``(weight_key, bytes, share_key)``: those with a ``share_key`` start as
+    one buffer per key (made before the warm-up step), and each writes a
+    buffer of its own at its weight's first update unless it is the last of
+    its buffer's sharers (see ``optimizers.Slot``); the others are made
+    before the warm-up step.
 
     ``remat`` lists rematerialized regions, each a run of consecutive prims
     given as ``(layer index, prim position)``: as ``tf.recompute_grad`` does, a
@@ -331,7 +339,21 @@ def simulate(
             sim.free(t)
         if len(item) > 2 and item[2] is not None:
             weight_buffer[item[2]] = bid
-    baseline = sum(round_up(item[1]) for item in persistent)
+    # optimizer slots: the shared starting buffers now, the copies at the
+    # first update of each weight
+    shared: dict[Any, int] = {}
+    sharers: dict[Any, int] = defaultdict(int)
+    first_write: dict[int, list[tuple[int, Any]]] = defaultdict(list)
+    for key, nbytes, share_key in slots:
+        if share_key is None or key is None:
+            sim.alloc(nbytes, "optimizer state", PERSISTENT)
+            continue
+        if share_key not in shared:
+            shared[share_key] = sim.alloc(nbytes, "optimizer state", PERSISTENT)
+        sharers[share_key] += 1
+        first_write[key].append((nbytes, share_key))
+    baseline = sum(round_up(item[1]) for item in persistent) + sum(
+        round_up(nbytes) for _, nbytes, _ in slots)
     layer_saved: dict[int, int] = defaultdict(int)
     layer_workspace: dict[int, int] = defaultdict(int)
     saved_total = 0
@@ -442,6 +464,11 @@ def simulate(
         def run_update(key: int, bid: int) -> None:
             ws_bytes = update_workspace(sim.buffers[bid].nbytes)
             ws = sim.alloc(ws_bytes, weight_layer[key], UPDATE) if ws_bytes else None
+            for nbytes, share_key in first_write.pop(key, ()):
+                # a slot still sharing its starting buffer is written into its own
+                if sharers[share_key] > 1:
+                    sharers[share_key] -= 1
+                    sim.alloc(nbytes, "optimizer state", PERSISTENT)
             copy = None
             if key in copy_on_write:
                 # the variable is written into a copy, which becomes its storage

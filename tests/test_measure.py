@@ -72,3 +72,40 @@ def test_profiler_memory_events_in_time_order():
     addr = product[0][3]
     order = [e[0] for e in events if e[3] == addr]
     assert order[:2] == ["MemoryAllocation", "MemoryDeallocation"]
+
+
+SHARED_SLOTS = r"""
+import json
+import keras, tensorflow as tf
+current = lambda: tf.config.experimental.get_memory_info("CPU:0")["current"]
+weights = [keras.Variable(initializer="glorot_uniform", shape=(512, 1024)) for _ in range(3)]
+grads = [tf.ones((512, 1024)) for _ in weights]
+opt = keras.optimizers.Adam()
+
+@tf.function
+def step():
+    opt.apply(grads, weights)  # builds the optimizer while tracing, as fit does
+
+start = current()
+step.get_concrete_function()
+built = current()
+step()
+first = current()
+step()
+print(json.dumps([built - start, first - built, current() - first]))
+"""
+
+
+def test_optimizer_slots_start_shared_and_are_copied_at_first_update():
+    """What ``optimizers.Slot`` models: Adam built while tracing the step gives
+    its six 2 MiB slots (3 variables x 2 moments, all of one shape) one
+    starting buffer; the first step writes five copies, the second none."""
+    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run([sys.executable, "-c", SHARED_SLOTS], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    built, first, second = json.loads(proc.stdout.strip().splitlines()[-1])
+    slot = 512 * 1024 * 4
+    assert slot <= built < 2 * slot  # one buffer (and the step counter)
+    assert 5 * slot <= first < 6 * slot
+    assert second == 0

@@ -73,3 +73,35 @@ def test_estimate_leaves_no_deferred_variables():
     memscope.estimate(tiny_model(), batch_size=2, optimizer="adam", device="cpu")
     assert not global_state.get_global_attribute("uninitialized_variables")
 
+
+
+def test_slots_name_their_variable_and_what_they_share():
+    from keras_memscope.optimizers import optimizer_state
+
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(6), keras.layers.Dense(6)])
+    state = optimizer_state(keras.optimizers.Adam(), model)
+    followed = [s.follows for s in state.slots if s.follows is not None]
+    paths = [v.path for v in model.trainable_variables]
+    assert sorted(followed) == sorted(paths * 2)  # a momentum and a velocity each
+    by_key = {}
+    for s in state.slots:
+        if s.follows is not None:
+            by_key.setdefault(s.share_key, set()).add(s.follows)
+    # the two 6x6 kernels' four moments start as one buffer, the biases' as another
+    assert sorted(len(v) for v in by_key.values()) == [2, 2]
+    unshared = [s for s in state.slots if s.follows is None]  # iterations, learning rate
+    assert len(unshared) == 2 and all(s.share_key is None for s in unshared)
+    assert sum(s.nbytes for s in state.slots) == sum(
+        int(np.prod(shape)) * dtype_bytes(dtype) for _, shape, dtype in state.variables)
+
+
+def test_slots_of_different_starting_values_do_not_share():
+    from keras_memscope.optimizers import optimizer_state
+
+    model = tiny_model()
+    keys = {s.share_key for s in optimizer_state(keras.optimizers.Adagrad(), model).slots
+            if s.follows is not None}
+    zeros = {s.share_key for s in optimizer_state(keras.optimizers.RMSprop(), model).slots
+             if s.follows is not None}
+    assert len(keys) == len(zeros) == 4  # four shapes
+    assert not keys & zeros  # Adagrad starts from 0.1, RMSprop from zeros

@@ -1,0 +1,70 @@
+"""How much one op's duration varies from one training step to the next.
+
+The allocation history of a step depends on how TensorFlow's CPU executor
+interleaves its two streams of ops, and so on the ops' durations; this
+measures their step-to-step spread, the ``--sigma`` of
+``benchmarks/history_spread.py``. ResNet-50 (batch 16, Adam) is trained for
+two warm-up steps, then three steps are profiled one by one; for every op
+that takes over 0.2 ms in each of them, the log of its duration in one step
+over another is taken, and the spread of those logs around their mean,
+divided by sqrt(2), is one op's log-normal sigma.
+
+    python -m benchmarks.op_time_spread [--batch 16] [--steps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import itertools
+import math
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args(argv)
+
+    import numpy as np
+    import tensorflow as tf
+
+    from keras_memscope.measure import _op_durations
+
+    from . import zoo
+
+    model = zoo.resnet50()
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    x = tf.constant(np.random.rand(args.batch, *model.inputs[0].shape[1:]).astype("float32"))
+    y = tf.constant(np.zeros((args.batch,), dtype="int32"))
+    model.train_on_batch(x, y)
+    model.train_on_batch(x, y)
+    steps = []
+    for _ in range(args.steps):
+        logdir = tempfile.mkdtemp()
+        tf.profiler.experimental.start(logdir)
+        model.train_on_batch(x, y)
+        tf.profiler.experimental.stop()
+        steps.append(_op_durations(glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)[0]))
+        shutil.rmtree(logdir, ignore_errors=True)
+    ops = [op for op in steps[0] if all(s.get(op, 0.0) > 2e-4 for s in steps)]
+    print(f"ResNet-50, batch {args.batch}, Adam: {len(ops)} ops over 0.2 ms in each of "
+          f"{args.steps} profiled steps")
+    for a, b in itertools.combinations(range(args.steps), 2):
+        logs = [math.log(steps[b][op] / steps[a][op]) for op in ops]
+        sigma = statistics.pstdev(logs) / math.sqrt(2)
+        print(f"steps {a + 1} and {b + 1}: one op's sigma {sigma:.2f} "
+              f"(median duration ratio {math.exp(statistics.median(logs)):.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
