@@ -10,7 +10,7 @@ given; the default is one op's step-to-step spread measured by
 ``benchmarks/op_time_spread.py``), once per seed, and prints each history's
 peaks and the saving.
 
-    python -m benchmarks.history_spread [--seeds 10] [--sigma 0.35]
+    python -m benchmarks.history_spread [--seeds 10] [--sigma 0.33]
 
 Measured for comparison (``python -m benchmarks.remedies``): Adam 1850 MiB,
 SGD 1578 MiB, saving 271 MiB (206-307 between processes).
@@ -32,7 +32,7 @@ from . import zoo
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=10)
-    parser.add_argument("--sigma", type=float, default=0.35)
+    parser.add_argument("--sigma", type=float, default=0.33)
     parser.add_argument("--batch", type=int, default=16)
     args = parser.parse_args(argv)
 

@@ -22,6 +22,8 @@ def _layers(model: Any) -> dict[str, Any]:
 
 def _chosen(model: Any, freeze: Freeze) -> list[Any]:
     layers = _layers(model)
+    if isinstance(freeze, str):
+        freeze = [freeze]  # one layer's name
     if callable(freeze):
         return [layer for layer in layers.values() if freeze(layer)]
     chosen = []
@@ -46,11 +48,19 @@ def frozen(model: Any, freeze: Freeze) -> Iterator[None]:
             layer.trainable = was
 
 
+def _check_steps(steps: Any) -> None:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"accumulation_steps must be a positive integer, got {steps!r}")
+
+
 def accumulating(optimizer: Any, model: Any, steps: int) -> Any:
-    """A copy of the (resolved) optimizer that accumulates ``steps`` gradients."""
+    """A copy of the (resolved) optimizer that accumulates ``steps`` gradients
+    (one step: no accumulation)."""
     from .optimizers import resolve
 
     opt, _ = resolve(optimizer, model)
+    if steps == 1:
+        return type(opt).from_config(opt.get_config())
     config = opt.get_config()
     if "inner_optimizer" in config:  # a LossScaleOptimizer: accumulate inside
         inner = opt.inner_optimizer.get_config()
@@ -95,10 +105,7 @@ def whatif(
     batch_size = _check_batch_size(batch_size)
     step_batch = batch_size
     if accumulation_steps is not None:
-        if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) \
-                or accumulation_steps < 1:
-            raise ValueError(f"accumulation_steps must be a positive integer, got "
-                             f"{accumulation_steps!r}")
+        _check_steps(accumulation_steps)
         if batch_size % accumulation_steps:
             divisors = [k for k in range(1, batch_size + 1) if batch_size % k == 0]
             raise ValueError(
@@ -148,9 +155,19 @@ def apply(
     import keras
 
     from .remat import FAILS_IN_FIT_ON_TF, parse_remat
-    from .transform import _check_rebuildable, _set_policy, own_config
+    from .transform import _check_rebuildable, _set_policy, check_policy, own_config
 
     _check_rebuildable(model, "apply()")
+    # every argument checked before the model is rebuilt
+    if optimizer is not None:
+        from .optimizers import resolve
+
+        optimizer, _ = resolve(optimizer, model)
+    if dtype_policy is not None:
+        check_policy(dtype_policy)
+    if accumulation_steps is not None:
+        _check_steps(accumulation_steps)
+    _chosen(model, freeze)
     spec = parse_remat(remat)
     if spec is not None and spec.mode == "checkpoints":
         raise ValueError("Keras has no segment checkpointing: use remat='activations' "

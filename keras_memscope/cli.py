@@ -177,8 +177,12 @@ def _parse_memory(text: str) -> int:
     m = re.fullmatch(r"\s*([0-9.]+)\s*([kmgt]?i?b?)?\s*", text.lower())
     if not m:
         raise argparse.ArgumentTypeError(f"bad memory size {text!r}: use e.g. 12GiB or 800MB")
+    if not m.group(2):
+        raise argparse.ArgumentTypeError(
+            f"memory size {text!r} has no unit: use e.g. {text.strip()}GiB, {text.strip()}GB "
+            f"or {text.strip()}MB")
     value = float(m.group(1))
-    unit = (m.group(2) or "b").rstrip("b") or ""
+    unit = m.group(2).rstrip("b")
     scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12,
              "ki": 1024, "mi": 1024**2, "gi": 1024**3, "ti": 1024**4}
     if unit not in scale:
@@ -325,6 +329,9 @@ def _cmd_max_batch(args: argparse.Namespace) -> int:
             line += (f"; verified: {data['verified']} in {len(data['trials'])} trial steps "
                      f"(a doubling-and-bisection search would take {data['halving_trials']})")
         print(line)
+        if not data["predicted"]:
+            print("not even batch 1 fits: `memscope fit ... --batch-size 1` shows what it "
+                  "needs and what would make it fit")
     _plot(args, model)
     return EXIT_OK if data["predicted"] > 0 else EXIT_NO_FIT
 

@@ -53,6 +53,19 @@ def _check_rebuildable(model: Any, what: str) -> None:
         )
 
 
+def check_policy(dtype_policy: Any) -> None:
+    """A clear error for a dtype policy Keras does not know."""
+    import keras
+
+    try:
+        keras.dtype_policies.get(dtype_policy)
+    except (ValueError, TypeError):
+        raise ValueError(
+            f"unknown dtype policy {dtype_policy!r}: use e.g. 'float32', "
+            "'mixed_float16', 'mixed_bfloat16', 'bfloat16'"
+        ) from None
+
+
 def rebuild(model: Any, *, dtype_policy: str | None = None, freeze: Freeze = None) -> Any:
     """A weightless copy of ``model`` with a dtype policy and/or frozen layers."""
     import keras
@@ -62,13 +75,7 @@ def rebuild(model: Any, *, dtype_policy: str | None = None, freeze: Freeze = Non
     _check_rebuildable(model, "dtype_policy=/freeze=")
     config = model.get_config()
     if dtype_policy is not None:
-        try:
-            keras.dtype_policies.get(dtype_policy)
-        except (ValueError, TypeError):
-            raise ValueError(
-                f"unknown dtype policy {dtype_policy!r}: use e.g. 'float32', "
-                "'mixed_float16', 'mixed_bfloat16', 'bfloat16'"
-            ) from None
+        check_policy(dtype_policy)
         config = _set_policy(copy.deepcopy(config), dtype_policy)
     previous = keras.config.dtype_policy()
     with weightless():

@@ -115,3 +115,16 @@ def test_devices_lists_catalogue_and_this_machine(capsys):
 def test_bad_memory_size_is_one_line():
     proc = run("fit", "tests.models:seed_mlp", "--memory", "lots")
     assert proc.returncode == 2 and "bad memory size" in proc.stderr
+
+
+def test_memory_size_needs_a_unit():
+    proc = run("fit", "tests.models:seed_mlp", "--memory", "12")
+    assert proc.returncode == 2 and "has no unit: use e.g. 12GiB" in proc.stderr
+
+
+def test_max_batch_when_nothing_fits(capsys):
+    code = cli.main(["max-batch", "tests.models:small_cnn", "--device", "cpu",
+                     "--memory", "1MiB"])
+    out = capsys.readouterr().out
+    assert code == cli.EXIT_NO_FIT
+    assert "largest batch that fits: 0" in out and "not even batch 1 fits" in out

@@ -79,3 +79,29 @@ def test_unknown_optimizer():
 def test_bad_rules_argument():
     with pytest.raises(TypeError, match="rules= keys must be layer classes"):
         memscope.estimate(seed_mlp(), batch_size=2, rules={"Dense": lambda c: []})
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"optimizer": "sgdx"}, "unknown optimizer 'sgdx'"),
+    ({"dtype_policy": "float8"}, "unknown dtype policy 'float8'"),
+    ({"accumulation_steps": -1}, "accumulation_steps must be a positive integer"),
+    ({"freeze": ["nope"]}, "no layer named 'nope'"),
+])
+def test_apply_checks_its_changes_before_rebuilding(changes, words):
+    with pytest.raises(ValueError, match=words):
+        memscope.apply(seed_mlp(), **changes)
+
+
+def test_one_accumulation_step_is_no_accumulation():
+    model = seed_mlp()
+    est = memscope.whatif(model, 8, accumulation_steps=1, device="cpu")
+    assert est.peak_bytes == memscope.estimate(model, 8, device="cpu").peak_bytes
+    assert not memscope.apply(model, accumulation_steps=1).optimizer.gradient_accumulation_steps
+
+
+def test_freeze_takes_one_layer_name():
+    model = seed_mlp()
+    name = model.layers[0].name
+    assert (memscope.whatif(model, 8, freeze=name, device="cpu").trainable_params
+            == memscope.whatif(model, 8, freeze=[name], device="cpu").trainable_params
+            < model.count_params())
