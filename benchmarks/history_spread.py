@@ -4,16 +4,19 @@ The graph method simulates one allocation history: the CPU's two gradient
 streams (input and weight gradients) interleave as the nominal op times say.
 Real processes differ in those times, so their allocators see the same
 requests in slightly different orders and round them into different chunks.
-This re-simulates ResNet-50 at batch 16 (Adam, and SGD instead) with every
+This re-simulates ResNet-50 at batch 16 (Adam, and SGD instead; or
+another zoo model with ``--model``) with every
 prim's two gradient times scaled by independent log-normal factors (sigma
 given; the default is one op's step-to-step spread measured by
 ``benchmarks/op_time_spread.py``), once per seed, and prints each history's
 peaks and the saving.
 
     python -m benchmarks.history_spread [--seeds 10] [--sigma 0.33]
+    python -m benchmarks.history_spread --model unet --batch 8 --only-adam
 
 Measured for comparison (``python -m benchmarks.remedies``): Adam 1850 MiB,
-SGD 1578 MiB, saving 271 MiB (206-307 between processes).
+SGD 1578 MiB, saving 271 MiB (206-307 between processes); the U-Net at batch 8
+under Adam (``python -m benchmarks.accuracy --held-out``): 190.6-201.4 MiB.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--sigma", type=float, default=0.33)
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--model", default="resnet50", help="a benchmarks.zoo model")
+    parser.add_argument("--only-adam", action="store_true",
+                        help="the Adam step's peaks alone (no saving)")
     args = parser.parse_args(argv)
 
     nominal = estimator._backward_time
@@ -54,16 +60,23 @@ def main(argv: list[str] | None = None) -> int:
         return f
 
     estimator._backward_time = scaled
-    model = zoo.resnet50()
+    model = getattr(zoo, args.model)()
     peaks: dict[str, list[float]] = {}
     histories: list[int | None] = [None, *range(1, args.seeds + 1)]
-    for opt in ("adam", "sgd"):
+    for opt in ("adam",) if args.only_adam else ("adam", "sgd"):
         peaks[opt] = []
         for s in histories:
             seed[0] = s
             est = memscope.estimate(model, args.batch, optimizer=opt, device="cpu")
             peaks[opt].append(est.peak_bytes / 2**20)
-    print(f"| history | Adam MiB | SGD MiB | saving MiB |  (sigma {args.sigma})")
+    print(f"{args.model}, batch {args.batch} (sigma {args.sigma})")
+    if args.only_adam:
+        adam = peaks["adam"]
+        print(f"Adam: nominal {adam[0]:.1f} MiB; scaled histories "
+              + ", ".join(f"{p:.1f}" for p in adam[1:])
+              + f"; range {min(adam):.1f}-{max(adam):.1f} MiB")
+        return 0
+    print("| history | Adam MiB | SGD MiB | saving MiB |")
     print("|---|---|---|---|")
     for i, s in enumerate(histories):
         a, b = peaks["adam"][i], peaks["sgd"][i]
