@@ -4,18 +4,20 @@ The graph method simulates one allocation history: the CPU's two gradient
 streams (input and weight gradients) interleave as the nominal op times say.
 Real processes differ in those times, so their allocators see the same
 requests in slightly different orders and round them into different chunks.
-This re-simulates ResNet-50 at batch 16 (Adam, and SGD instead; or
-another zoo model with ``--model``) with every
+This re-simulates ResNet-50 at batch 16 (Adam, and SGD instead, or another
+``--remedy``; another zoo model with ``--model``) with every
 prim's two gradient times scaled by independent log-normal factors (sigma
 given; the default is one op's step-to-step spread measured by
 ``benchmarks/op_time_spread.py``), once per seed, and prints each history's
 peaks and the saving.
 
     python -m benchmarks.history_spread [--seeds 10] [--sigma 0.33]
-    python -m benchmarks.history_spread --model unet --batch 8 --only-adam
+    python -m benchmarks.history_spread --remedy mixed_bfloat16
+    python -m benchmarks.history_spread --model unet --batch 8 --remedy none
 
 Measured for comparison (``python -m benchmarks.remedies``): Adam 1850 MiB,
-SGD 1578 MiB, saving 271 MiB (206-307 between processes); the U-Net at batch 8
+SGD 1578 MiB, saving 271 MiB (206-307 between processes); mixed_bfloat16 1517
+MiB, saving 333 MiB (268-355); the U-Net at batch 8
 under Adam (``python -m benchmarks.accuracy --held-out``): 190.6-201.4 MiB.
 """
 
@@ -31,6 +33,13 @@ from keras_memscope import estimator
 
 from . import zoo
 
+#: the change each ``--remedy`` makes to the Adam step (``memscope.whatif``)
+REMEDIES = {
+    "sgd": {"optimizer": "sgd"},
+    "mixed_bfloat16": {"dtype_policy": "mixed_bfloat16"},
+    "none": None,
+}
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -38,8 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sigma", type=float, default=0.33)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--model", default="resnet50", help="a benchmarks.zoo model")
-    parser.add_argument("--only-adam", action="store_true",
-                        help="the Adam step's peaks alone (no saving)")
+    parser.add_argument("--remedy", choices=sorted(REMEDIES), default="sgd",
+                        help="the change whose saving is re-simulated (none: the Adam "
+                             "step's peaks alone)")
     args = parser.parse_args(argv)
 
     nominal = estimator._backward_time
@@ -61,31 +71,34 @@ def main(argv: list[str] | None = None) -> int:
 
     estimator._backward_time = scaled
     model = getattr(zoo, args.model)()
-    peaks: dict[str, list[float]] = {}
     histories: list[int | None] = [None, *range(1, args.seeds + 1)]
-    for opt in ("adam",) if args.only_adam else ("adam", "sgd"):
-        peaks[opt] = []
-        for s in histories:
-            seed[0] = s
-            est = memscope.estimate(model, args.batch, optimizer=opt, device="cpu")
-            peaks[opt].append(est.peak_bytes / 2**20)
+    change = REMEDIES[args.remedy]
+    adam, after = [], []
+    for s in histories:
+        seed[0] = s
+        adam.append(memscope.estimate(model, args.batch, optimizer="adam",
+                                      device="cpu").peak_bytes / 2**20)
+        if change is not None:
+            est = memscope.whatif(model, args.batch,
+                                  optimizer=change.get("optimizer", "adam"),
+                                  dtype_policy=change.get("dtype_policy"), device="cpu")
+            after.append(est.peak_bytes / 2**20)
     print(f"{args.model}, batch {args.batch} (sigma {args.sigma})")
-    if args.only_adam:
-        adam = peaks["adam"]
+    if change is None:
         print(f"Adam: nominal {adam[0]:.1f} MiB; scaled histories "
               + ", ".join(f"{p:.1f}" for p in adam[1:])
               + f"; range {min(adam):.1f}-{max(adam):.1f} MiB")
         return 0
-    print("| history | Adam MiB | SGD MiB | saving MiB |")
+    print(f"| history | Adam MiB | {args.remedy} MiB | saving MiB |")
     print("|---|---|---|---|")
     for i, s in enumerate(histories):
-        a, b = peaks["adam"][i], peaks["sgd"][i]
+        a, b = adam[i], after[i]
         print(f"| {'nominal' if s is None else s} | {a:.0f} | {b:.0f} | {a - b:.0f} |")
-    savings = [a - b for a, b in zip(peaks["adam"][1:], peaks["sgd"][1:])]
+    savings = [a - b for a, b in zip(adam[1:], after[1:])]
     print(f"\nscaled histories: saving median {statistics.median(savings):.0f} MiB, "
           f"range {min(savings):.0f}-{max(savings):.0f}; Adam median "
-          f"{statistics.median(peaks['adam'][1:]):.0f}, SGD median "
-          f"{statistics.median(peaks['sgd'][1:]):.0f}")
+          f"{statistics.median(adam[1:]):.0f}, {args.remedy} median "
+          f"{statistics.median(after[1:]):.0f}")
     return 0
 
 
