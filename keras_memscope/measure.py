@@ -79,15 +79,23 @@ def run_steps(model: Any, batch_size: int, *, optimizer: Any, loss: Any, steps: 
         if isinstance(loss, list) and len(loss) == 1:
             loss = loss[0]
     model.compile(optimizer=optimizer, loss=loss, jit_compile=False)
-    losses = loss if isinstance(loss, list) else [loss] * len(out_shapes)
+    names = list(getattr(model, "output_names", None) or [])
+    if isinstance(loss, dict):  # one loss per named output
+        losses = [loss.get(n) for n in names]
+    elif isinstance(loss, (list, tuple)):
+        losses = list(loss)
+    else:
+        losses = [loss] * len(out_shapes)
     ys = []
     for shape, item in zip(out_shapes, losses):
-        name = item if isinstance(item, str) else type(item).__name__
-        if "sparse" in name.lower():
+        if "sparse" in _loss_name(item).lower():  # class indices
             ys.append(tf.constant(np.zeros((batch_size, *shape[1:-1]), dtype="int32")))
         else:
             ys.append(tf.constant(np.zeros((batch_size, *shape[1:]), dtype="float32")))
-    y = ys[0] if len(ys) == 1 else ys
+    if isinstance(getattr(model, "output", None), dict) and len(names) == len(ys):
+        y = dict(zip(names, ys))  # the targets in the outputs' structure
+    else:
+        y = ys[0] if len(ys) == 1 else ys
     dev = "GPU:0" if device == "gpu" else "CPU:0"
     model.train_on_batch(x, y)
     peaks, currents = [], []
@@ -124,8 +132,7 @@ def _worker_main() -> None:
     optimizer = spec.get("optimizer") or "adam"
     if isinstance(optimizer, dict):
         optimizer = keras.optimizers.deserialize(optimizer)
-    if isinstance(spec.get("loss"), dict):
-        spec["loss"] = keras.losses.get(spec["loss"])
+    spec["loss"] = _loss_from_spec(spec.get("loss"))
     result = run_steps(model, spec["batch_size"], optimizer=optimizer, loss=spec.get("loss"),
                        steps=spec["steps"], device=spec["device"],
                        input_shape=spec.get("input_shape"))
@@ -228,11 +235,39 @@ def measure(
     )
 
 
+def _loss_name(loss: Any) -> str:
+    """What a loss is called: its name, its config's class and name, or its
+    class's or function's name."""
+    if isinstance(loss, str):
+        return loss
+    if isinstance(loss, dict):
+        return f"{loss.get('class_name', '')} {loss.get('config', {}).get('name', '')}"
+    return getattr(loss, "__name__", None) or type(loss).__name__
+
+
+def _loss_from_spec(spec: Any) -> Any:
+    """The loss (or losses per output) that :func:`_loss_spec` sent."""
+    import keras
+
+    if isinstance(spec, dict) and "class_name" in spec:
+        return keras.losses.get(spec)
+    if isinstance(spec, dict):
+        return {name: _loss_from_spec(item) for name, item in spec.items()}
+    if isinstance(spec, list):
+        return [_loss_from_spec(item) for item in spec]
+    return spec
+
+
 def _loss_spec(loss: Any) -> Any:
     """``loss`` as it travels to the measuring process: a name as it is, a
-    Keras loss (object or registered function) as its config."""
+    Keras loss (object or registered function) as its config; a dict or list
+    of them (one per output) item by item."""
     if loss is None or isinstance(loss, str):
         return loss
+    if isinstance(loss, dict):
+        return {name: _loss_spec(item) for name, item in loss.items()}
+    if isinstance(loss, (list, tuple)):
+        return [_loss_spec(item) for item in loss]
     import keras
 
     try:

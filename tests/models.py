@@ -163,3 +163,14 @@ def gated_mlp() -> keras.Model:
 def unbuilt_mlp() -> keras.Model:
     """A Sequential model without an input: its shape must be given."""
     return keras.Sequential([keras.layers.Dense(8), keras.layers.Dense(2)])
+
+
+def named_outputs() -> keras.Model:
+    """Outputs as a dict, as a multi-task model names them."""
+    inp = keras.Input((32,), name="x")
+    h = layers.Dense(64, activation="relu")(inp)
+    return keras.Model(inp, {"reg": layers.Dense(1, name="reg")(h),
+                             "cls": layers.Dense(3, name="cls")(h)}, name="named_outputs")
+
+
+ZOO["named_outputs"] = named_outputs

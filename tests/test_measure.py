@@ -119,3 +119,19 @@ def test_convolution_at_batch_one_against_measurement():
     est = memscope.estimate(model, 1, optimizer="adam", device="cpu")
     assert abs(est.peak_bytes - measured.peak_bytes) <= 0.10 * measured.peak_bytes, (
         est.peak_bytes, measured.step_peak_bytes)
+
+
+def test_measure_a_model_with_named_outputs_and_a_loss_per_output():
+    """Targets follow the outputs' names and each output's loss (class indices
+    for a sparse cross-entropy); the losses travel item by item."""
+    from .models import named_outputs
+
+    model = named_outputs()
+    model.compile(optimizer="adam", loss={"cls": "sparse_categorical_crossentropy", "reg": "mse"})
+    compiled = memscope.measure(model, 16, steps=2, device="cpu")
+    import keras
+
+    given = memscope.measure(named_outputs(), 16, steps=2, device="cpu", loss={
+        "cls": keras.losses.SparseCategoricalCrossentropy(), "reg": "mse"})
+    for measured in (compiled, given):
+        assert measured.in_subprocess and measured.peak_bytes > measured.persistent_bytes > 0
