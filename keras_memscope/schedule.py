@@ -582,6 +582,7 @@ def simulate(
         jobs: deque[_Job] = deque()
         clock = 0.0  # when the input-gradient stream is free
         weight_free = 0.0  # when the weight-gradient stream is free
+        loop_on_second = False  # whether a recurrent loop's job is its last
 
         def start_job(job: _Job, with_workspace: bool = True) -> None:
             for t in job.weights:
@@ -631,11 +632,22 @@ def simulate(
                 partial[t].append(bid)
             t_in, t_w = times[i_flat] if times else (0.0, 0.0)
             job = _Job(f, wts, out_grads, clock, clock)
-            if times and wts:
+            if times and wts and not xts and weight_free > clock and not loop_on_second:
+                # no input gradient to compute: the first thread, idle, takes
+                # the weight gradients while the second still runs the last
+                # layer's (a model's first convolution beside the second's
+                # filter gradient, both column buffers alive); the thread
+                # that frees first goes on with the input gradients
+                job.start, job.end = clock, clock + t_w
+                clock, weight_free = min(job.end, weight_free), max(job.end, weight_free)
+            elif times and wts:
                 # the weight gradients start with the input gradients when the
                 # second stream is free, else after what it is running
                 job.start = max(weight_free, clock)
                 job.end = weight_free = job.start + t_w
+                # (a recurrent loop sums its weight gradients inside the loop:
+                # no separate op holds the second thread after it)
+                loop_on_second = bool(p.backlog_parts)
             starts_now = not times or job.start <= clock
             if starts_now:
                 start_job(job, with_workspace=False)

@@ -269,6 +269,14 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
                                           "StatelessRandomUniformV2",
                                           "StatelessRandomNormalV2"):
             continue  # a constant computation, folded away
+        if (op.type in VIEW_OPS and op.inputs and op.inputs[0].name in ref
+                and ref[op.inputs[0].name].startswith("w#")
+                and op.outputs[0].name not in out_ref):
+            # a view of a weight (Conv1D's kernel with a dimension added) is
+            # the weight: its gradient is the weight's, computed on the
+            # weight-gradient thread
+            ref[op.outputs[0].name] = ref[op.inputs[0].name]
+            continue
         outputs = []
         for t in op.outputs:
             if t.name in out_ref and out_ref[t.name] in [r for r, _ in outputs]:
@@ -292,6 +300,21 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
                                     "channels_first" if fmt == "NCHW" else "channels_last",
                                     op.outputs[0].dtype.size)
             workspace_for = {inputs[0]: inp, inputs[1]: filt}
+        elif (op.type == "Conv2DBackpropInput" and op.inputs[1].name in ref
+              and op.inputs[2].name in ref):
+            # a transposed convolution: its filter gradient is the filter
+            # gradient of the convolution it transposes, whose output is this
+            # op's input (allocator trace: [87, 256, 288] for 16 x 16 x 32
+            # inputs and a 3 x 3 x 32 x 32 kernel); its input gradient is a
+            # forward convolution, without a column buffer
+            from .rules.conv import col_buffers
+
+            fmt = op.get_attr("data_format").decode()
+            filt, _ = col_buffers(tuple(int(d) for d in op.inputs[2].shape),
+                                  tuple(int(d) for d in op.inputs[1].shape),
+                                  "channels_first" if fmt == "NCHW" else "channels_last",
+                                  op.outputs[0].dtype.size)
+            workspace_for = {ref[op.inputs[1].name]: filt}
         bwd_ws = _bytes(op.outputs[0]) if op.type == "MaxPool" else 0  # MaxPoolGrad's temp
         upcast: dict[str, object] = {}
         if op.type in _MATMUL_OPS and len(op.inputs) == 2 and all(

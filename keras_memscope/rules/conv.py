@@ -120,6 +120,13 @@ def conv_transpose(call: CallRecord) -> list[Prim]:
     z = linear_prims(b, "in0", weight_ref(call, "kernel"), weight_ref(call, "bias"),
                      call.outputs[0].nbytes, conv_transpose_macs(call), compute_dtype(call),
                      name="conv_transpose")
+    if not isinstance(call.layer, keras.layers.Conv3DTranspose):
+        # the filter gradient of the convolution it transposes, whose output
+        # is this layer's input; the input gradient is a forward convolution
+        fmt = getattr(call.layer, "data_format", "channels_last")
+        filt, _ = col_buffers(call.inputs[0].shape, tuple(call.layer.kernel.shape), fmt)
+        b.prims = [Prim(**{**p.__dict__, "workspace_for": ((p.inputs[1], filt),)})
+                   if p.name == "conv_transpose" else p for p in b.prims]
     return _finish(b, call, z)
 
 
