@@ -229,14 +229,12 @@ def optimizer_state(optimizer: Any, model: Any,
     trainable = _stand_ins(list(model.trainable_variables), local_shapes)
     copy = _fresh_copy(optimizer)
     # TensorFlow's optimizer keys variables by the tf.Variable behind them,
-    # which a weightless variable does not have yet; this copy is ours.
-    for opt in (copy, getattr(copy, "inner_optimizer", None)):
-        if opt is not None:
-            opt._var_key = id
-    # which model variable each slot follows, and the value it starts from
+    # which a weightless variable does not have yet (this copy is ours); and
+    # note which model variable each slot follows, and what it starts from
     reference: dict[int, tuple[str, str]] = {}
     for opt in (copy, getattr(copy, "inner_optimizer", None)):
         if opt is not None:
+            opt._var_key = id
             opt.add_variable_from_reference = _recording(opt.add_variable_from_reference,
                                                          reference)
     with weightless():
@@ -248,11 +246,11 @@ def optimizer_state(optimizer: Any, model: Any,
     for v in variables:
         dtype = keras.backend.standardize_dtype(v.dtype)
         shape = tuple(int(d) for d in v.shape)
-        total += round_up(math.prod(shape) * dtype_bytes(dtype))
+        nbytes = math.prod(shape) * dtype_bytes(dtype)
+        total += round_up(nbytes)
         described.append((v.path if hasattr(v, "path") else v.name, shape, dtype))
         ref, start = reference.get(id(v), (None, ""))
-        slots.append(Slot(ref, math.prod(shape) * dtype_bytes(dtype),
-                          (shape, dtype, start) if ref is not None else None))
+        slots.append(Slot(ref, nbytes, (shape, dtype, start) if ref is not None else None))
     needs_all = bool(getattr(optimizer, "inner_optimizer", None) is not None) or bool(
         getattr(optimizer, "global_clipnorm", None)
     )

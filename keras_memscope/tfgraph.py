@@ -292,13 +292,7 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
         is_view = op.type in VIEW_OPS
         workspace_for: dict[str, int] = {}
         if op.type == "Conv2D" and len(inputs) >= 2:
-            from .rules.conv import col_buffers
-
-            fmt = op.get_attr("data_format").decode()
-            filt, inp = col_buffers(tuple(int(d) for d in op.outputs[0].shape),
-                                    tuple(int(d) for d in op.inputs[1].shape),
-                                    "channels_first" if fmt == "NCHW" else "channels_last",
-                                    op.outputs[0].dtype.size)
+            filt, inp = _col_buffers(op, op.outputs[0], op.inputs[1])
             workspace_for = {inputs[0]: inp, inputs[1]: filt}
         elif (op.type == "Conv2DBackpropInput" and op.inputs[1].name in ref
               and op.inputs[2].name in ref):
@@ -307,13 +301,7 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             # op's input (allocator trace: [87, 256, 288] for 16 x 16 x 32
             # inputs and a 3 x 3 x 32 x 32 kernel); its input gradient is a
             # forward convolution, without a column buffer
-            from .rules.conv import col_buffers
-
-            fmt = op.get_attr("data_format").decode()
-            filt, _ = col_buffers(tuple(int(d) for d in op.inputs[2].shape),
-                                  tuple(int(d) for d in op.inputs[1].shape),
-                                  "channels_first" if fmt == "NCHW" else "channels_last",
-                                  op.outputs[0].dtype.size)
+            filt, _ = _col_buffers(op, op.inputs[2], op.inputs[1])
             workspace_for = {ref[op.inputs[1].name]: filt}
         bwd_ws = _bytes(op.outputs[0]) if op.type == "MaxPool" else 0  # MaxPoolGrad's temp
         upcast: dict[str, object] = {}
@@ -418,6 +406,18 @@ def _only_known_saves(prims: list[Prim]) -> list[Prim]:
         save = tuple(r for r in p.save if r in local)
         out.append(Prim(**{**p.__dict__, "save": save}))
     return out
+
+
+def _col_buffers(op: Any, out: Any, kernel: Any) -> tuple[int, int]:
+    """``rules.conv.col_buffers`` of a convolution op whose output (of the
+    convolution it computes a gradient of, for a transposed one) and kernel
+    are these tensors, in the op's data format and dtype."""
+    from .rules.conv import col_buffers
+
+    fmt = op.get_attr("data_format").decode()
+    return col_buffers(tuple(int(d) for d in out.shape), tuple(int(d) for d in kernel.shape),
+                       "channels_first" if fmt == "NCHW" else "channels_last",
+                       op.outputs[0].dtype.size)
 
 
 def _variables(layer: Any) -> tuple[list[Any], list[Any]]:

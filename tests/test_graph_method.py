@@ -168,21 +168,6 @@ def test_raw_ops_nodes_are_traced_and_masks_have_a_rule(caplog):
         assert not est.unsupported, (method, est.unsupported)
 
 
-def _first_layer_overlap_model(kind):
-    """The two models of the allocator traces below."""
-    from keras import layers
-
-    if kind == "transpose":
-        return keras.Sequential([
-            keras.Input((16, 16, 32)),
-            layers.Conv2DTranspose(32, 3, strides=2, padding="same", activation="relu"),
-            layers.Conv2D(16, 3, padding="same"), layers.GlobalAveragePooling2D(),
-            layers.Dense(10)])
-    return keras.Sequential([
-        keras.Input((512, 16)), layers.Conv1D(64, 5, activation="relu"), layers.Conv1D(64, 5),
-        layers.GlobalAveragePooling1D(), layers.Dense(10)])
-
-
 @pytest.mark.parametrize("kind", ["transpose", "conv1d"])
 @pytest.mark.parametrize("method", ["graph", "rules"])
 def test_first_layer_filter_gradient_beside_the_second(kind, method):
@@ -192,9 +177,10 @@ def test_first_layer_filter_gradient_beside_the_second(kind, method):
     batch 1: some steps peaked at both buffers (64.7 and 48.7 MiB), others at
     one. A transposed convolution's filter gradient has a column buffer too:
     the convolution it transposes has this layer's input as its output."""
+    from benchmarks import layer_types
     from keras_memscope.rules.conv import col_buffers
 
-    model = _first_layer_overlap_model(kind)
+    model = getattr(layer_types, kind)()
     est = memscope.estimate(model, 1, optimizer="sgd", device="cpu", method=method)
     first, second = model.layers[0], model.layers[1]
     workspace = {h.layer: h.bytes for h in est.peak_holders if h.kind == "workspace"}

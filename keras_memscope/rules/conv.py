@@ -100,16 +100,19 @@ def conv(call: CallRecord) -> list[Prim]:
     b = Builder(call)
     z = linear_prims(b, "in0", weight_ref(call, "kernel"), weight_ref(call, "bias"),
                      call.outputs[0].nbytes, conv_macs(call), compute_dtype(call), name="conv")
-    b.prims = [_with_workspace(p, call) if p.name == "conv" else p for p in b.prims]
+    filt, inp = conv_backward_workspace(call)
+    _with_workspace(b, "conv", inp, filt)
     return _finish(b, call, z)
 
 
-def _with_workspace(p: Prim, call: CallRecord) -> Prim:
-    """Each gradient kernel that runs adds its buffer; when both run they run
-    at once (two inter-op threads) and their buffers add up."""
-    filt, inp = conv_backward_workspace(call)
-    x, kernel = p.inputs[0], p.inputs[1]
-    return Prim(**{**p.__dict__, "workspace_for": ((x, inp), (kernel, filt))})
+def _with_workspace(b: Builder, name: str, inp: int, filt: int) -> None:
+    """The column buffers of the ``name`` prim's input gradient and filter
+    gradient (0: none). Each gradient kernel that runs adds its buffer; when
+    both run they run at once (two inter-op threads) and their buffers add
+    up."""
+    b.prims = [Prim(**{**p.__dict__, "workspace_for": tuple(
+        (ref, n) for ref, n in ((p.inputs[0], inp), (p.inputs[1], filt)) if n)})
+        if p.name == name else p for p in b.prims]
 
 
 @register(keras.layers.Conv1DTranspose, keras.layers.Conv2DTranspose,
@@ -125,8 +128,7 @@ def conv_transpose(call: CallRecord) -> list[Prim]:
         # is this layer's input; the input gradient is a forward convolution
         fmt = getattr(call.layer, "data_format", "channels_last")
         filt, _ = col_buffers(call.inputs[0].shape, tuple(call.layer.kernel.shape), fmt)
-        b.prims = [Prim(**{**p.__dict__, "workspace_for": ((p.inputs[1], filt),)})
-                   if p.name == "conv_transpose" else p for p in b.prims]
+        _with_workspace(b, "conv_transpose", 0, filt)
     return _finish(b, call, z)
 
 
