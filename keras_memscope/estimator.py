@@ -356,7 +356,7 @@ def estimate(
     # first update (optimizers.Slot); under a strategy it builds them eagerly.
     weight_key = {w.path: w.key for w in graph.variables}
     slots = [(weight_key.get(slot.follows), slot.nbytes,
-              slot.share_key if sharding.devices <= 1 else None)
+              slot.share_key if sharding.devices <= 1 else None, slot.accumulator)
              for slot in state.slots]
 
     n_trainable = sum(1 for w in graph.variables if w.trainable)
@@ -374,6 +374,7 @@ def estimate(
         update_workspace=lambda nbytes: nbytes * temporaries,
         persistent=persistent,
         slots=slots,
+        accumulation_steps=state.accumulation_steps,
         update_lag=lag,
         weight_grad_lag=profile.weight_grad_lag,
         backward_time=_backward_time(profile, dtypes),
@@ -383,6 +384,12 @@ def estimate(
         allocator=profile.allocator,
     )
     result = step(ops)
+    if result.accumulator_zeros_bytes:
+        notes.append(
+            f"gradient accumulation over {state.accumulation_steps} steps: an updating step "
+            f"starts with every accumulator holding its own buffer, and the optimizer state "
+            f"includes the zeros they are reset to "
+            f"({human_bytes(result.accumulator_zeros_bytes)}, one constant per shape)")
     if loop_backlog:
         # the same step with every recurrent loop's backlog held while its
         # gradient runs: how much higher the peak can be
@@ -418,12 +425,13 @@ def estimate(
         params=params,
         trainable_params=trainable_params,
         weights_bytes=weights_bytes,
-        optimizer_bytes=state.state_bytes,
+        optimizer_bytes=state.state_bytes + result.accumulator_zeros_bytes,
         input_bytes=input_bytes,
         activations_bytes=result.activations_bytes,
         gradients_bytes=result.gradients_bytes,
         workspace_bytes=result.workspace_bytes,
         allocator_bytes=result.allocator_bytes,
+        released_bytes=result.released_bytes,
         overhead_bytes=profile.overhead_bytes,
         saved_activations_bytes=result.saved_activations_bytes,
         forward_macs=sum(r.forward_macs for r in records),

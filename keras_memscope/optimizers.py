@@ -75,11 +75,16 @@ class Slot:
     195 MiB); a slot's first update writes a copy of its own, the last one
     keeps the buffer. So the slots are allocated during the first step, each
     beside its variable's update, in the order of the backward pass.
+
+    With ``gradient_accumulation_steps`` Keras adds an accumulator per
+    variable (``accumulator``), which starts shared in the same way; see
+    ``schedule.simulate`` for what its steps do with it.
     """
 
     follows: str | None
     nbytes: int
     share_key: Any = None
+    accumulator: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +108,7 @@ class OptimizerState:
     needs_all_gradients: bool
     variables: tuple[tuple[str, tuple[int, ...], str], ...]
     slots: tuple[Slot, ...] = ()
+    accumulation_steps: int = 0
 
 
 def resolve(optimizer: Any, model: Any) -> tuple[Any, list[str]]:
@@ -231,7 +237,7 @@ def optimizer_state(optimizer: Any, model: Any,
     # TensorFlow's optimizer keys variables by the tf.Variable behind them,
     # which a weightless variable does not have yet (this copy is ours); and
     # note which model variable each slot follows, and what it starts from
-    reference: dict[int, tuple[str, str]] = {}
+    reference: dict[int, tuple[str, str, bool]] = {}
     for opt in (copy, getattr(copy, "inner_optimizer", None)):
         if opt is not None:
             opt._var_key = id
@@ -249,8 +255,9 @@ def optimizer_state(optimizer: Any, model: Any,
         nbytes = math.prod(shape) * dtype_bytes(dtype)
         total += round_up(nbytes)
         described.append((v.path if hasattr(v, "path") else v.name, shape, dtype))
-        ref, start = reference.get(id(v), (None, ""))
-        slots.append(Slot(ref, nbytes, (shape, dtype, start) if ref is not None else None))
+        ref, start, accumulator = reference.get(id(v), (None, "", False))
+        slots.append(Slot(ref, nbytes, (shape, dtype, start) if ref is not None else None,
+                          accumulator))
     needs_all = bool(getattr(optimizer, "inner_optimizer", None) is not None) or bool(
         getattr(optimizer, "global_clipnorm", None)
     )
@@ -266,19 +273,32 @@ def optimizer_state(optimizer: Any, model: Any,
         needs_all_gradients=needs_all,
         variables=tuple(described),
         slots=tuple(slots),
+        accumulation_steps=accumulation_steps(optimizer),
     )
 
 
-def _recording(add_variable_from_reference: Any, reference: dict[int, tuple[str, str]]) -> Any:
-    """``add_variable_from_reference`` that notes each slot's model variable
-    and initial value."""
+def accumulation_steps(optimizer: Any) -> int:
+    """How many steps' gradients the optimizer (or the one a loss-scale
+    optimizer wraps) sums before it updates; 0 without accumulation."""
+    for opt in (optimizer, getattr(optimizer, "inner_optimizer", None)):
+        steps = getattr(opt, "gradient_accumulation_steps", None) if opt is not None else None
+        if steps:
+            return int(steps)
+    return 0
+
+
+def _recording(add_variable_from_reference: Any,
+               reference: dict[int, tuple[str, str, bool]]) -> Any:
+    """``add_variable_from_reference`` that notes each slot's model variable,
+    initial value and whether it is a gradient accumulator."""
 
     def wrapped(reference_variable: Any, name: Any = None, initializer: Any = "zeros") -> Any:
         var = add_variable_from_reference(reference_variable, name=name,
                                           initializer=initializer)
         start = (initializer if isinstance(initializer, str)
                  else f"{type(initializer).__name__}{sorted(initializer.get_config().items())}")
-        reference[id(var)] = (getattr(reference_variable, "path", reference_variable.name), start)
+        reference[id(var)] = (getattr(reference_variable, "path", reference_variable.name), start,
+                              name == "gradient_accumulator")
         return var
 
     return wrapped

@@ -14,14 +14,16 @@ from .records import MemoryEstimate
 
 GiB = 1024**3
 
+# each part of the peak; the optimizer's state less the accumulators an update
+# has reset before the peak
 _COMPONENTS = [
-    ("runtime (outside the allocator)", "overhead_bytes", "#b0b0b0"),
-    ("weights", "weights_bytes", "#4c72b0"),
-    ("optimizer state", "optimizer_bytes", "#55a868"),
-    ("input batch", "input_bytes", "#8172b2"),
-    ("activations", "activations_bytes", "#dd8452"),
-    ("gradients", "gradients_bytes", "#c44e52"),
-    ("workspace + allocator chunks", None, "#937860"),
+    ("runtime (outside the allocator)", lambda e: e.overhead_bytes, "#b0b0b0"),
+    ("weights", lambda e: e.weights_bytes, "#4c72b0"),
+    ("optimizer state", lambda e: e.optimizer_bytes - e.released_bytes, "#55a868"),
+    ("input batch", lambda e: e.input_bytes, "#8172b2"),
+    ("activations", lambda e: e.activations_bytes, "#dd8452"),
+    ("gradients", lambda e: e.gradients_bytes, "#c44e52"),
+    ("workspace + allocator chunks", lambda e: e.workspace_bytes + e.allocator_bytes, "#937860"),
 ]
 
 
@@ -77,12 +79,8 @@ def memory_vs_batch(
     fig, ax = plt.subplots(figsize=(9, 5.2), dpi=130)
     xs = list(batch_sizes)
     stacks = []
-    for label, attr, color in _COMPONENTS:
-        if attr is None:
-            ys = [(e.workspace_bytes + e.allocator_bytes) / GiB for e in ests]
-        else:
-            ys = [getattr(e, attr) / GiB for e in ests]
-        stacks.append((label, ys, color))
+    for label, part, color in _COMPONENTS:
+        stacks.append((label, [part(e) / GiB for e in ests], color))
     ax.stackplot(xs, *[ys for _, ys, _ in stacks], labels=[lab for lab, _, _ in stacks],
                  colors=[c for _, _, c in stacks], alpha=0.9, linewidth=0)
     if usable is not None:

@@ -143,13 +143,16 @@ class MemoryEstimate:
     The parts of the peak add up exactly::
 
         peak_bytes == weights_bytes + optimizer_bytes + input_bytes
+                      - released_bytes
                       + activations_bytes + gradients_bytes + workspace_bytes
                       + allocator_bytes
 
-    where the first three are the ``persistent_bytes`` held between steps, the
-    next three what the step has alive at its highest point, and
-    ``allocator_bytes`` what the allocator counts beyond the bytes requested at
-    that moment (chunks it did not split, rounding).
+    where the first three are the ``persistent_bytes`` held between steps,
+    ``released_bytes`` the part of them no longer held at the peak (with
+    gradient accumulation, the accumulators an update has already reset to
+    zeros; else 0), the next three what the step has alive at its highest
+    point, and ``allocator_bytes`` what the allocator counts beyond the bytes
+    requested at that moment (chunks it did not split, rounding).
     ``total_bytes`` adds the device runtime's own memory that the framework
     allocator never sees (``overhead_bytes``). ``possible_extra_bytes`` is
     how much higher the peak is where TensorFlow's executor schedules the
@@ -192,6 +195,7 @@ class MemoryEstimate:
     remat: str = ""
     step_allocated_bytes: int = 0
     possible_extra_bytes: int = 0
+    released_bytes: int = 0
 
     @property
     def no_reuse_bytes(self) -> int:
@@ -216,6 +220,7 @@ class MemoryEstimate:
         """Predicted framework-allocator peak of a steady-state training step."""
         return (
             self.persistent_bytes
+            - self.released_bytes
             + self.activations_bytes
             + self.gradients_bytes
             + self.workspace_bytes

@@ -40,10 +40,13 @@ def layer_rows(est: MemoryEstimate) -> list[list[object]]:
 
 
 def totals_rows(est: MemoryEstimate) -> list[list[str]]:
+    released = ([["accumulators already reset at the peak", "-" + human_bytes(est.released_bytes)]]
+                if est.released_bytes else [])
     return [
         ["weights", human_bytes(est.weights_bytes)],
         ["optimizer state", human_bytes(est.optimizer_bytes)],
         ["input batch and labels", human_bytes(est.input_bytes)],
+        *released,
         ["activations (alive at peak)", human_bytes(est.activations_bytes)],
         ["gradients (alive at peak)", human_bytes(est.gradients_bytes)],
         ["workspace (alive at peak)", human_bytes(est.workspace_bytes)],

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from .graph import CallRecord
@@ -103,6 +104,75 @@ def _contraction(op: Any) -> int:
     a = op.inputs[0].shape
     transpose = op.get_attr("transpose_a") if op.type == "MatMul" else op.get_attr("adj_x")
     return int(a[-2] if transpose else a[-1])
+
+
+def einsum_workspace(equation: str, input_shapes: Sequence[Sequence[int]],
+                     itemsize: int) -> int:
+    """Bytes TensorFlow's Einsum kernel allocates beside its output.
+
+    As ``EinsumOp::Compute`` does: each operand is transposed into a copy
+    when its dimensions are not already ordered batch, free, contracted
+    (by type, then by label; an operand ordered batch, contracted, free is
+    read transposed instead), an operand with summed-out labels is reduced
+    into a copy, and the contraction writes a result ordered batch, free of
+    the first operand, free of the second, which is one more buffer when the
+    output wants another order (then transposed into the output). All of
+    them live until the kernel returns (MultiHeadAttention's score einsum
+    ``BTNH,BSNH->BNTS``: a copy of each operand)."""
+    lhs, out = equation.replace(" ", "").split("->")
+    operands = lhs.split(",")
+    if "." in equation or len(operands) != len(input_shapes) or len(operands) > 2:
+        return 0  # broadcasting ellipses: not modelled
+    ids: dict[str, int] = {}
+    for ch in "".join(operands) + out:
+        ids.setdefault(ch, len(ids))
+    # kBatch 1, kFree 2, kContract 3, kReduce 4 (kBroadcasting 0 unused here)
+    kind: dict[str, int] = {}
+    for ch in ids:
+        removed = ch not in out
+        unique = len(operands) == 1 or any(ch not in o for o in operands)
+        kind[ch] = (4 if unique else 3) if removed else (2 if unique else 1)
+    size = {ch: d for o, shape in zip(operands, input_shapes) for ch, d in zip(o, shape)}
+    ws = 0
+    free: list[str] = []
+    for o, shape in zip(operands, input_shapes):
+        labels = list(o)
+        swapped = {ch: ({2: 3, 3: 2}.get(kind[ch], kind[ch]), ids[ch]) for ch in labels}
+        swap = all(swapped[a] <= swapped[b] for a, b in zip(labels, labels[1:]))
+        order = labels if swap else sorted(labels, key=lambda ch: (kind[ch], ids[ch]))
+        elements = math.prod(int(d) for d in shape)
+        if len(labels) >= 2 and order != labels:
+            ws += elements * itemsize  # the transposed copy
+        reduced = math.prod(size[ch] for ch in labels if kind[ch] == 4)
+        if reduced > 1:
+            ws += elements // reduced * itemsize
+        free += [ch for ch in order if kind[ch] == 2]
+    result = sorted((ch for ch in ids if kind[ch] == 1), key=ids.get) + free
+    if len(result) >= 2 and result != list(out):
+        ws += math.prod(size[ch] for ch in out) * itemsize  # the contraction's own result
+    return ws
+
+
+def _einsum_gradient_workspaces(op: Any, backward: list[Any]) -> dict[int, int]:
+    """For a forward Einsum, the Einsum kernel workspace of the gradient with
+    respect to each operand (by position): the gradient einsum in its
+    gradient's scope that reads the other operand and has this one's shape."""
+    scope = "gradient_tape/" + op.name.rsplit("/", 1)[0] + "/"
+    out: dict[int, int] = {}
+    if len(op.inputs) != 2:
+        return out
+    for b in backward:
+        if b.type != "Einsum" or not b.name.startswith(scope):
+            continue
+        reads = {t.name for t in b.inputs}
+        for i, t in enumerate(op.inputs):
+            other = op.inputs[1 - i]
+            if other.name in reads and tuple(b.outputs[0].shape) == tuple(t.shape):
+                out[i] = out.get(i, 0) + einsum_workspace(
+                    b.get_attr("equation").decode(),
+                    [tuple(int(d) for d in x.shape) for x in b.inputs], b.outputs[0].dtype.size)
+                break
+    return out
 
 
 def _gemm_min_dim(op: Any) -> int:
@@ -304,6 +374,15 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             filt, _ = _col_buffers(op, op.inputs[2], op.inputs[1])
             workspace_for = {ref[op.inputs[1].name]: filt}
         bwd_ws = _bytes(op.outputs[0]) if op.type == "MaxPool" else 0  # MaxPoolGrad's temp
+        fwd_ws = 0
+        if op.type == "Einsum" and all(x.shape.is_fully_defined() for x in op.inputs):
+            fwd_ws = einsum_workspace(op.get_attr("equation").decode(),
+                                      [tuple(int(d) for d in x.shape) for x in op.inputs],
+                                      op.outputs[0].dtype.size)
+            for i, nbytes in _einsum_gradient_workspaces(op, backward).items():
+                r = ref.get(op.inputs[i].name)
+                if r is not None and nbytes:
+                    workspace_for[r] = workspace_for.get(r, 0) + nbytes
         upcast: dict[str, object] = {}
         if op.type in _MATMUL_OPS and len(op.inputs) == 2 and all(
                 t.name in ref for t in op.inputs):
@@ -319,6 +398,7 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             grad_inplace=op.type in FORWARDING_OPS,
             macs=_macs(op), kernel=_FAMILY.get(op.type, ""), gemm_min_dim=_gemm_min_dim(op),
             workspace_for=workspace_for, backward_workspace_bytes=bwd_ws,
+            forward_workspace_bytes=fwd_ws,
             role="activation" if f"{ACTIVATION_SCOPE}/" in op.name else "",
             **upcast,
         ))
@@ -347,47 +427,70 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
 
 def _backward_intermediates_peak(backward: list[Any], forward_names: set[str],
                                  graph: Any) -> tuple[int, ...]:
-    """Bytes the gradient ops need beyond the gradients they hand back: the
-    peak of their intermediates (freed after their last reader, element-wise
-    kernels writing into an input nobody reads after them) and of the
-    gradients made so far, less the gradients (which the schedule allocates
-    itself), as the sizes of the allocations that make them up."""
+    """Bytes the gradient ops need beyond what the schedule holds for them, as
+    the sizes of the allocations that make them up.
+
+    The schedule allocates each gradient the layer hands back and, for a
+    tensor several ops read, each op's partial gradient until they are summed
+    (the inputs of an ``AddN``). The gradient ops' other intermediates (freed
+    after their last reader; an element-wise kernel writes into an input
+    nobody reads after it, TensorFlow's forwarding, so the two share one
+    buffer) come on top: the extra is the peak of everything alive together
+    less the most the gradients and partials alone hold."""
     final = {t.name for t in graph.outputs}
     final |= {t.name for op in graph.get_operations() if op.type == "Identity"
               for t in op.inputs if any(o.name in final for o in op.outputs)}
+    summed = {t.name for op in backward if op.type == "AddN" for t in op.inputs}
     readers: dict[str, int] = {}
     for op in backward:
         for t in op.inputs:
             readers[t.name] = readers.get(t.name, 0) + 1
-    live = peak = made = 0
-    at_peak: list[int] = []
-    sizes: dict[str, int] = {}
+    # one walk in order: each op's new buffers and the buffers freed after it
+    size: list[int] = []  # by buffer
+    modelled: set[int] = set()
+    events: list[tuple[list[int], list[int]]] = []
+    buffer_of: dict[str, int] = {}  # intermediate tensor -> its buffer
     for op in backward:
+        new: list[int] = []
         if op.type not in VIEW_OPS and op.type not in FREE_OPS:
-            # an element-wise kernel writes into an intermediate input of its
-            # size that nothing reads after it (TensorFlow's forwarding)
             donor = None
             if op.type in FORWARDING_OPS or op.type in FORWARDING_GRAD_OPS:
-                donor = next((t.name for t in op.inputs if t.name in sizes
+                donor = next((t.name for t in op.inputs if t.name in buffer_of
                               and readers.get(t.name) == 1
-                              and sizes[t.name] == _bytes(op.outputs[0])), None)
-            for t in op.outputs:
-                if t.name in final:
-                    made += _bytes(t)
-                elif readers.get(t.name):
-                    sizes[t.name] = _bytes(t)
-                    live += sizes[t.name]
-            if donor is not None:
-                readers[donor] = 0
-                live -= sizes.pop(donor)
-        if live + made > peak:
-            peak, at_peak = live + made, list(sizes.values())
+                              and size[buffer_of[t.name]] == _bytes(op.outputs[0])), None)
+            for i, t in enumerate(op.outputs):
+                if not (t.name in final or readers.get(t.name)):
+                    continue
+                if i == 0 and donor is not None:
+                    bid = buffer_of.pop(donor)
+                    readers[donor] = 0
+                else:
+                    bid = len(size)
+                    size.append(_bytes(t))
+                    new.append(bid)
+                if t.name in final or t.name in summed:
+                    modelled.add(bid)
+                if t.name not in final:  # the gradients handed back stay
+                    buffer_of[t.name] = bid
+        freed = []
         for t in op.inputs:
-            if t.name in sizes:
+            if t.name in buffer_of:
                 readers[t.name] -= 1
                 if readers[t.name] == 0:
-                    live -= sizes.pop(t.name)
-    extra = max(0, peak - made)
+                    freed.append(buffer_of.pop(t.name))
+        events.append((new, freed))
+    live: set[int] = set()
+    peak = peak_modelled = 0
+    at_peak: list[int] = []
+    for new, freed in events:
+        live.update(new)
+        total = sum(size[b] for b in live)
+        ours = sum(size[b] for b in live if b in modelled)
+        if total > peak:
+            peak, at_peak = total, [size[b] for b in live if b not in modelled]
+        peak_modelled = max(peak_modelled, ours)
+        live.difference_update(freed)
+    extra = max(0, peak - peak_modelled)
     # the intermediates alive at the peak, largest first, up to those bytes
     parts: list[int] = []
     for n in sorted(at_peak, reverse=True):

@@ -16,6 +16,13 @@ def seed_mlp() -> keras.Model:
     )
 
 
+def wide_mlp() -> keras.Model:
+    """1024 -> Dense(1024) -> Dense(1000) -> Dense(10): 4 MiB kernels."""
+    return keras.Sequential([keras.Input((1024,)), layers.Dense(1024, activation="relu"),
+                             layers.Dense(1000, activation="relu"), layers.Dense(10)],
+                            name="wide_mlp")
+
+
 def shared_layer() -> keras.Model:
     """One Dense layer applied to two inputs (shared weights)."""
     a, b = keras.Input((16,)), keras.Input((16,))

@@ -188,3 +188,17 @@ def test_first_layer_filter_gradient_beside_the_second(kind, method):
                                else first.output.shape), tuple(first.kernel.shape))
     other, _ = col_buffers(tuple(second.output.shape), tuple(second.kernel.shape))
     assert workspace.get(first.name, 0) >= own and workspace.get(second.name, 0) >= other
+
+
+def test_normalization_partial_gradients_counted_once():
+    """BatchNormalization's input gradient is the sum of three partials (through
+    the mean, the variance and the normalization), which the schedule holds
+    as the partials of a tensor three ops read. Its gradient's own workspace
+    is only what comes on top: the ``x - mean`` temporary of the variance's
+    gradient, one input-sized tensor."""
+    inp = keras.Input((32, 32, 16))
+    x = keras.layers.Conv2D(16, 1)(inp)
+    model = keras.Model(inp, keras.layers.BatchNormalization()(x))
+    est = memscope.estimate(model, 16, optimizer="sgd", device="cpu", method="graph")
+    norm = next(r for r in est.layers if r.class_name == "BatchNormalization")
+    assert norm.workspace_bytes == 16 * 32 * 32 * 16 * 4
