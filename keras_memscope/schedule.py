@@ -239,9 +239,9 @@ def simulate(
     An updating step starts with every accumulator holding a buffer of its
     own, updates the weights with ``(gradient + accumulator) / k`` (written
     into the gradient's buffer), and resets each accumulator to a zeros
-    constant, one per shape and dtype, which grappler folds into the step and
-    the process holds from the first step on: the accumulator's buffer is
-    freed. ResNet-50 b8 Adam with k = 2 holds 381 MiB between an update and
+    tensor, one per shape and dtype that the process holds from the first
+    step on (three accumulators of one shape: one buffer): the accumulator's
+    buffer is freed. ResNet-50 b8 Adam with k = 2 holds 381 MiB between an update and
     the next step, 485-497 MiB after an accumulating step (330-340 without
     accumulation). The warm-up step accumulates, the slots' own copies are
     made at the first update, and the peak is the highest of the steps that

@@ -52,9 +52,9 @@ def test_state_matches_built_optimizer(make):
 
 
 def reset_zeros_bytes(model, optimizer):
-    """With gradient accumulation, the zeros constant each accumulator is reset
-    to after an update: one per distinct shape and dtype (grappler folds
-    ``ops.zeros`` and merges equal constants)."""
+    """With gradient accumulation, the zeros each accumulator is reset to
+    after an update: one buffer per distinct shape and dtype, held from the
+    first step on (measured: ``test_measure.test_gradient_accumulators_between_steps``)."""
     if not optimizer.gradient_accumulation_steps:
         return 0
     shapes = {(tuple(v.shape), v.dtype) for v in model.trainable_variables}
