@@ -13,6 +13,7 @@ peaks and the saving.
 
     python -m benchmarks.history_spread [--seeds 10] [--sigma 0.33]
     python -m benchmarks.history_spread --remedy mixed_bfloat16
+    python -m benchmarks.history_spread --model transformer --remedy activations
     python -m benchmarks.history_spread --model unet --batch 8 --remedy none
 
 Measured for comparison (``python -m benchmarks.remedies``): Adam 1850 MiB,
@@ -37,6 +38,7 @@ from . import zoo
 REMEDIES = {
     "sgd": {"optimizer": "sgd"},
     "mixed_bfloat16": {"dtype_policy": "mixed_bfloat16"},
+    "activations": {"remat": "activations"},
     "none": None,
 }
 
@@ -79,9 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         adam.append(memscope.estimate(model, args.batch, optimizer="adam",
                                       device="cpu").peak_bytes / 2**20)
         if change is not None:
-            est = memscope.whatif(model, args.batch,
-                                  optimizer=change.get("optimizer", "adam"),
-                                  dtype_policy=change.get("dtype_policy"), device="cpu")
+            est = memscope.whatif(model, args.batch, device="cpu",
+                                  **{"optimizer": "adam", **change})
             after.append(est.peak_bytes / 2**20)
     print(f"{args.model}, batch {args.batch} (sigma {args.sigma})")
     if change is None:

@@ -419,7 +419,8 @@ def _remedy_candidates(model: Any, est: MemoryEstimate, profile: DeviceProfile,
         steps = min(k for k in range(2, batch + 1) if batch % k == 0 and batch // k <= micro)
         out.append((f"batch {batch // steps} x {steps} accumulation steps "
                     f"(same effective batch {batch})", {"accumulation_steps": steps},
-                    f"{steps} smaller steps per update; one more gradient-sized buffer"))
+                    f"{steps} smaller steps per update; gradient accumulators the size of "
+                    "the weights, held between steps"))
     if est.dtype_policy == "float32" and _rebuildable(model):
         half = "mixed_bfloat16" if "bfloat16" in profile.peak_flops or profile.kind == "cpu" \
             else "mixed_float16"

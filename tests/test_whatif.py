@@ -10,7 +10,7 @@ from keras import layers
 import keras_memscope as memscope
 from keras_memscope.planning import fits
 
-from .models import seed_mlp, small_cnn
+from .models import seed_mlp, small_cnn, wide_mlp
 
 
 def gelu_mlp():
@@ -48,6 +48,27 @@ def test_optimizer_and_accumulation_whatifs():
     # one more gradient-sized accumulator per weight
     base = memscope.estimate(model, 16, optimizer="adam", device="cpu")
     assert acc.optimizer_bytes > base.optimizer_bytes
+
+
+def test_accumulation_peak_adds_up_and_is_explained():
+    """With accumulation the peak is the highest of the accumulating and the
+    updating steps; its parts still add up (the accumulators an update has
+    already reset count as released), the timeline reaches it, and the
+    summary says so."""
+    from keras_memscope.report import render_summary
+
+    est = memscope.whatif(wide_mlp(), 32, optimizer="adam", accumulation_steps=2,
+                          device="cpu")
+    parts = (est.weights_bytes + est.optimizer_bytes + est.input_bytes - est.released_bytes
+             + est.activations_bytes + est.gradients_bytes + est.workspace_bytes
+             + est.allocator_bytes)
+    assert parts == est.peak_bytes
+    assert max(p.high_bytes for p in est.timeline) == est.peak_bytes
+    # the updating step's peak: the 1024 x 1000 kernel's accumulator is reset
+    assert est.peak_phase == "update" and est.released_bytes >= 1024 * 1000 * 4
+    text = render_summary(est)
+    assert "accumulators already reset at the peak" in text
+    assert "gradient accumulation over 2 steps" in text
 
 
 def test_accumulation_must_keep_the_effective_batch():
