@@ -11,6 +11,11 @@ import importlib
 from typing import Any
 
 from .devices import DeviceProfile, get_device
+
+# bound now, not lazily: importing the submodule ``keras_memscope.measure``
+# (as ``max_batch_size(verify=True)`` does) would otherwise make the package's
+# ``measure`` that module instead of the function (it imports no TensorFlow)
+from .measure import measure
 from .records import Holder, LayerRecord, Measurement, MemoryEstimate, TimelinePoint
 
 __version__ = "0.1.0"
@@ -18,7 +23,6 @@ __version__ = "0.1.0"
 _LAZY = {
     "estimate": "keras_memscope.estimator",
     "summary": "keras_memscope.estimator",
-    "measure": "keras_memscope.measure",
     "MemScopeCallback": "keras_memscope.callback",
     "fits": "keras_memscope.planning",
     "max_batch_size": "keras_memscope.planning",

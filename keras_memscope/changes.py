@@ -56,9 +56,16 @@ def _check_steps(steps: Any) -> None:
 def accumulating(optimizer: Any, model: Any, steps: int) -> Any:
     """A copy of the (resolved) optimizer that accumulates ``steps`` gradients
     (one step: no accumulation)."""
-    from .optimizers import resolve
+    from .optimizers import accumulation_steps, resolve
 
     opt, _ = resolve(optimizer, model)
+    already = accumulation_steps(opt)
+    if already:
+        raise ValueError(
+            f"the optimizer already accumulates {already} steps "
+            f"(gradient_accumulation_steps={already}), so accumulation_steps={steps} would "
+            f"replace it and change what batch_size means: pass an optimizer without "
+            f"gradient_accumulation_steps, or leave accumulation_steps out")
     if steps == 1:
         return type(opt).from_config(opt.get_config())
     config = opt.get_config()
@@ -167,6 +174,8 @@ def apply(
         check_policy(dtype_policy)
     if accumulation_steps is not None:
         _check_steps(accumulation_steps)
+        accumulating(optimizer if optimizer is not None
+                     else getattr(model, "optimizer", None) or "adam", model, accumulation_steps)
     _chosen(model, freeze)
     spec = parse_remat(remat)
     if spec is not None and spec.mode == "checkpoints":

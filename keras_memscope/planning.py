@@ -411,9 +411,12 @@ def trial_step(model: Any, batch_size: int, limit: int, profile: DeviceProfile,
 def _remedy_candidates(model: Any, est: MemoryEstimate, profile: DeviceProfile,
                        options: dict[str, Any], micro: int) -> list[tuple[str, dict, str]]:
     """(title, whatif changes, what it costs) for each remedy that applies."""
+    from .optimizers import accumulation_steps, resolve
+
     out: list[tuple[str, dict, str]] = []
     batch = est.batch_size
-    if 0 < micro < batch:
+    # (an optimizer that already accumulates is not offered more accumulation)
+    if 0 < micro < batch and not accumulation_steps(resolve(options.get("optimizer"), model)[0]):
         # the fewest steps whose equal micro-batches fit (the effective batch
         # stays the same only when the steps divide it)
         steps = min(k for k in range(2, batch + 1) if batch % k == 0 and batch // k <= micro)

@@ -66,6 +66,16 @@ def test_reports_import_without_tensorflow():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_measure_stays_the_function_after_its_module_is_imported():
+    """``max_batch_size(verify=True)`` imports the submodule
+    ``keras_memscope.measure``; the package's ``measure`` must stay the
+    function (it had become the module: "'module' object is not callable")."""
+    code = ("import sys, types; import keras_memscope.measure; import keras_memscope as m; "
+            "assert isinstance(m.measure, types.FunctionType), m.measure; "
+            "assert 'tensorflow' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_summary_rendering_lists_layers_and_totals():
     from keras_memscope.report import render_summary, to_csv
 

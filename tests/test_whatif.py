@@ -71,6 +71,20 @@ def test_accumulation_peak_adds_up_and_is_explained():
     assert "gradient accumulation over 2 steps" in text
 
 
+def test_accumulation_on_an_accumulating_optimizer_is_refused():
+    """Accumulating on top of an optimizer that already accumulates would
+    silently replace its steps: refused, and not suggested by ``fits``."""
+    opt = keras.optimizers.Adam(gradient_accumulation_steps=4)
+    with pytest.raises(ValueError, match="already accumulates 4 steps"):
+        memscope.whatif(seed_mlp(), 64, optimizer=opt, accumulation_steps=2, device="cpu")
+    with pytest.raises(ValueError, match="already accumulates 4 steps"):
+        memscope.apply(seed_mlp(), optimizer=opt, accumulation_steps=2)
+    report = memscope.fits(wide_mlp(), 4096, device="cpu", memory_bytes=72 << 20,
+                           optimizer=keras.optimizers.Adam(gradient_accumulation_steps=2))
+    assert not report.fits and report.suggestions
+    assert not any("accumulation" in s.title for s in report.suggestions)
+
+
 def test_accumulation_must_keep_the_effective_batch():
     """Micro-batches of ceil(10 / 3) = 4 would train on 12 samples per update,
     not 10: refused with the steps that divide the batch."""
