@@ -415,8 +415,10 @@ def _remedy_candidates(model: Any, est: MemoryEstimate, profile: DeviceProfile,
 
     out: list[tuple[str, dict, str]] = []
     batch = est.batch_size
-    # (an optimizer that already accumulates is not offered more accumulation)
-    if 0 < micro < batch and not accumulation_steps(resolve(options.get("optimizer"), model)[0]):
+    # an optimizer that already accumulates is not offered more accumulation,
+    # and keeps accumulating under another optimizer
+    steps_now = accumulation_steps(resolve(options.get("optimizer"), model)[0])
+    if 0 < micro < batch and not steps_now:
         # the fewest steps whose equal micro-batches fit (the effective batch
         # stays the same only when the steps divide it)
         steps = min(k for k in range(2, batch + 1) if batch % k == 0 and batch // k <= micro)
@@ -433,7 +435,8 @@ def _remedy_candidates(model: Any, est: MemoryEstimate, profile: DeviceProfile,
         import keras
 
         out.append(("SGD with momentum instead of " + est.optimizer.split("(")[0],
-                    {"optimizer": keras.optimizers.SGD(momentum=0.9)},
+                    {"optimizer": keras.optimizers.SGD(
+                        momentum=0.9, gradient_accumulation_steps=steps_now or None)},
                     "one slot per weight; may need learning-rate tuning"))
     out.append(("recompute activation functions (RematScope 'activations')",
                 {"remat": "activations"}, "recomputes activations in the backward pass"))

@@ -73,7 +73,8 @@ def test_accumulation_peak_adds_up_and_is_explained():
 
 def test_accumulation_on_an_accumulating_optimizer_is_refused():
     """Accumulating on top of an optimizer that already accumulates would
-    silently replace its steps: refused, and not suggested by ``fits``."""
+    silently replace its steps: refused, and not suggested by ``fits``, whose
+    other optimizer keeps the accumulation."""
     opt = keras.optimizers.Adam(gradient_accumulation_steps=4)
     with pytest.raises(ValueError, match="already accumulates 4 steps"):
         memscope.whatif(seed_mlp(), 64, optimizer=opt, accumulation_steps=2, device="cpu")
@@ -83,6 +84,9 @@ def test_accumulation_on_an_accumulating_optimizer_is_refused():
                            optimizer=keras.optimizers.Adam(gradient_accumulation_steps=2))
     assert not report.fits and report.suggestions
     assert not any("accumulation" in s.title for s in report.suggestions)
+    # another optimizer keeps accumulating
+    sgd = next(s for s in report.suggestions if s.title.startswith("SGD"))
+    assert sgd.change["optimizer"].gradient_accumulation_steps == 2
 
 
 def test_accumulation_must_keep_the_effective_batch():
