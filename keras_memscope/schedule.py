@@ -390,9 +390,9 @@ def simulate(
         if key in accumulator and (share_key, nbytes) not in zeros:
             zeros.add((share_key, nbytes))
             sim.alloc(nbytes, "accumulator reset (zeros)", PERSISTENT)
+    zeros_bytes = sum(round_up(nbytes) for _, nbytes in zeros)
     baseline = (sum(round_up(item[1]) for item in persistent)
-                + sum(round_up(nbytes) for _, nbytes, *_ in slots)
-                + sum(round_up(nbytes) for _, nbytes in zeros))
+                + sum(round_up(nbytes) for _, nbytes, *_ in slots) + zeros_bytes)
     layer_saved: dict[int, int] = defaultdict(int)
     layer_workspace: dict[int, int] = defaultdict(int)
     saved_total = 0
@@ -796,7 +796,7 @@ def simulate(
         holders=holders_at_peak,
         costs=tuple(costs),
         allocated_bytes=allocated,
-        accumulator_zeros_bytes=sum(round_up(nbytes) for _, nbytes in zeros),
+        accumulator_zeros_bytes=zeros_bytes,
         copied_weights=frozenset(copy_on_write),
     )
 

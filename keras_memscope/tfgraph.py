@@ -415,7 +415,7 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             prims.append(prim("view", ["in0"] if call.inputs else [],
                               [(f"out{i}", call.outputs[i].nbytes)], alias=bool(call.inputs)))
     # the gradient ops' own intermediates, alive together at their highest
-    parts = _backward_intermediates_peak(backward, forward_names, graph)
+    parts = _backward_intermediates_peak(backward, graph)
     if prims and parts:
         first = prims[0]  # its gradient runs last, when the layer's gradient ends
         prims[0] = Prim(**{**first.__dict__,
@@ -425,8 +425,7 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
     return _only_known_saves(prims)
 
 
-def _backward_intermediates_peak(backward: list[Any], forward_names: set[str],
-                                 graph: Any) -> tuple[int, ...]:
+def _backward_intermediates_peak(backward: list[Any], graph: Any) -> tuple[int, ...]:
     """Bytes the gradient ops need beyond what the schedule holds for them, as
     the sizes of the allocations that make them up.
 
@@ -480,16 +479,18 @@ def _backward_intermediates_peak(backward: list[Any], forward_names: set[str],
                     freed.append(buffer_of.pop(t.name))
         events.append((new, freed))
     live: set[int] = set()
-    peak = peak_modelled = 0
+    peak = peak_modelled = total = ours = 0
     at_peak: list[int] = []
     for new, freed in events:
         live.update(new)
-        total = sum(size[b] for b in live)
-        ours = sum(size[b] for b in live if b in modelled)
+        total += sum(size[b] for b in new)
+        ours += sum(size[b] for b in new if b in modelled)
         if total > peak:
             peak, at_peak = total, [size[b] for b in live if b not in modelled]
         peak_modelled = max(peak_modelled, ours)
         live.difference_update(freed)
+        total -= sum(size[b] for b in freed)
+        ours -= sum(size[b] for b in freed if b in modelled)
     extra = max(0, peak - peak_modelled)
     # the intermediates alive at the peak, largest first, up to those bytes
     parts: list[int] = []
