@@ -375,6 +375,7 @@ def estimate(
         persistent=persistent,
         slots=slots,
         accumulation_steps=state.accumulation_steps,
+        decayed=[weight_key[path] for path in state.decayed if path in weight_key],
         update_lag=lag,
         weight_grad_lag=profile.weight_grad_lag,
         backward_time=_backward_time(profile, dtypes),

@@ -109,6 +109,7 @@ class OptimizerState:
     variables: tuple[tuple[str, tuple[int, ...], str], ...]
     slots: tuple[Slot, ...] = ()
     accumulation_steps: int = 0
+    decayed: frozenset[str] = frozenset()
 
 
 def resolve(optimizer: Any, model: Any) -> tuple[Any, list[str]]:
@@ -274,7 +275,32 @@ def optimizer_state(optimizer: Any, model: Any,
         variables=tuple(described),
         slots=tuple(slots),
         accumulation_steps=accumulation_steps(optimizer),
+        decayed=decayed_paths(optimizer, list(model.trainable_variables)),
     )
+
+
+def decayed_paths(optimizer: Any, variables: list[Any]) -> frozenset[str]:
+    """The paths of the variables whose weight decay the optimizer applies
+    (Keras' ``weight_decay``, AdamW's by default; a variable excluded with
+    ``exclude_from_weight_decay`` is not decayed).
+
+    TensorFlow applies it as ``variable.assign_sub(variable * wd * lr)``,
+    which depends on nothing but the variable: it runs at the start of the
+    step, while the forward pass's reads of the variable are still held, so
+    TensorFlow writes it into a copy (see ``schedule.simulate``)."""
+    for opt in (optimizer, getattr(optimizer, "inner_optimizer", None)):
+        if opt is None or not getattr(opt, "weight_decay", None):
+            continue
+        found = []
+        for v in variables:
+            try:
+                use = bool(opt._use_weight_decay(v))
+            except Exception:  # an optimizer without Keras' exclusion lists
+                use = True
+            if use:
+                found.append(getattr(v, "path", v.name))
+        return frozenset(found)
+    return frozenset()
 
 
 def accumulation_steps(optimizer: Any) -> int:

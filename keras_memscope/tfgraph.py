@@ -10,7 +10,9 @@ tape, and the forward and gradient ops TensorFlow builds are turned into prims:
 * a forward tensor that any gradient op reads is kept until the backward pass
   (attached to the op that made it) - exactly what the gradient needs, for any
   layer, including custom ones;
-* the gradient ops' own intermediates become the backward workspace.
+* the gradient ops' own intermediates become the backward workspace;
+* a function Keras has XLA compile (grouped convolutions on the CPU) adds
+  the temporary buffer XLA runs it with (``keras_memscope.xla``).
 
 What Keras layers' ``call`` does in plain TensorFlow is seen too, which the
 rules cannot see. Calls are cached by signature, so a ResNet's repeated
@@ -24,6 +26,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from . import xla
 from .graph import CallRecord
 from .ir import Prim, matmul_upcast, prim
 from .units import DTYPE_BYTES
@@ -383,6 +386,9 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
                 r = ref.get(op.inputs[i].name)
                 if r is not None and nbytes:
                     workspace_for[r] = workspace_for.get(r, 0) + nbytes
+        # a function Keras has XLA compile (a grouped convolution on the CPU)
+        # runs with one temporary buffer of its own
+        fwd_ws += xla.call_temp_bytes(op)
         upcast: dict[str, object] = {}
         if op.type in _MATMUL_OPS and len(op.inputs) == 2 and all(
                 t.name in ref for t in op.inputs):
@@ -434,8 +440,9 @@ def _backward_intermediates_peak(backward: list[Any], graph: Any) -> tuple[int, 
     (the inputs of an ``AddN``). The gradient ops' other intermediates (freed
     after their last reader; an element-wise kernel writes into an input
     nobody reads after it, TensorFlow's forwarding, so the two share one
-    buffer) come on top: the extra is the peak of everything alive together
-    less the most the gradients and partials alone hold."""
+    buffer), and the temporary buffer of a gradient XLA runs (``xla``),
+    come on top: the extra is the peak of everything alive together less the
+    most the gradients and partials alone hold."""
     final = {t.name for t in graph.outputs}
     final |= {t.name for op in graph.get_operations() if op.type == "Identity"
               for t in op.inputs if any(o.name in final for o in op.outputs)}
@@ -472,6 +479,11 @@ def _backward_intermediates_peak(backward: list[Any], graph: Any) -> tuple[int, 
                 if t.name not in final:  # the gradients handed back stay
                     buffer_of[t.name] = bid
         freed = []
+        temp = xla.call_temp_bytes(op)  # an XLA-compiled gradient's own buffer
+        if temp:
+            new.append(len(size))
+            freed.append(len(size))
+            size.append(temp)
         for t in op.inputs:
             if t.name in buffer_of:
                 readers[t.name] -= 1

@@ -112,6 +112,46 @@ def test_optimizer_slots_start_shared_and_are_copied_at_first_update():
     assert second == 0
 
 
+WEIGHT_DECAY = r"""
+import glob, json, tempfile
+import numpy as np, keras, tensorflow as tf
+from keras_memscope.measure import _xspace_events
+model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(512, activation="relu"),
+                          keras.layers.Dense(512, activation="relu"), keras.layers.Dense(10)])
+model.compile(optimizer=keras.optimizers.AdamW(), loss="sparse_categorical_crossentropy")
+x, y = tf.constant(np.ones((64, 256), "float32")), tf.constant(np.zeros((64,), "int32"))
+model.train_on_batch(x, y)
+logdir = tempfile.mkdtemp()
+tf.profiler.experimental.start(logdir)
+model.train_on_batch(x, y)
+tf.profiler.experimental.stop()
+path = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)[0]
+events = _xspace_events(path, ("MemoryAllocation",))
+print(json.dumps([[s.get("tf_op", ""), s.get("requested_bytes", 0)] for _, s in events]))
+"""
+
+
+def test_weight_decay_copies_the_weights_gradients_still_read():
+    """What ``schedule.simulate`` models for ``decayed`` weights: AdamW's
+    ``assign_sub(variable * wd * lr)`` waits for nothing but the forward
+    pass's read of the variable, so every decay product is computed before
+    the first gradient op, and the write goes into a new buffer (a copy) for
+    the kernels an input gradient still reads. The first layer's kernel is
+    copied when the decay runs before the forward pass has used it, which
+    varies from run to run; the schedule assumes it does."""
+    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run([sys.executable, "-c", WEIGHT_DECAY], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    events = json.loads(proc.stdout.strip().splitlines()[-1])
+    first_gradient = next(i for i, (op, _) in enumerate(events) if "gradient_tape" in op)
+    first, middle, last = 256 * 512 * 4, 512 * 512 * 4, 512 * 10 * 4
+    products = {n for op, n in events[:first_gradient] if op.startswith("adam_w/mul")}
+    assert {first, middle, last} <= products, events[:first_gradient]
+    copies = [n for op, n in events if "AssignSubVariableOp" in op]
+    assert middle in copies and last in copies, copies
+
+
 ACCUMULATORS = r"""
 import json
 import keras, tensorflow as tf

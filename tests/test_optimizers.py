@@ -116,3 +116,45 @@ def test_slots_of_different_starting_values_do_not_share():
              if s.follows is not None}
     assert len(keys) == len(zeros) == 4  # four shapes
     assert not keys & zeros  # Adagrad starts from 0.1, RMSprop from zeros
+
+
+def test_weight_decay_names_the_variables_it_decays():
+    """AdamW decays every trainable variable by default, any optimizer given
+    ``weight_decay`` does, exclusions are honoured, and Adam decays none."""
+    from keras_memscope.optimizers import optimizer_state
+
+    model = tiny_model()
+    paths = {v.path for v in model.trainable_variables}
+    assert optimizer_state(keras.optimizers.AdamW(), model).decayed == paths
+    assert optimizer_state(keras.optimizers.SGD(weight_decay=0.01), model).decayed == paths
+    assert optimizer_state(keras.optimizers.Adam(), model).decayed == frozenset()
+    excluded = keras.optimizers.AdamW()
+    excluded.exclude_from_weight_decay(var_names=["bias"])
+    kernels = {v.path for v in model.trainable_variables if "kernel" in v.path}
+    assert optimizer_state(excluded, model).decayed == kernels
+    wrapped = keras.optimizers.LossScaleOptimizer(keras.optimizers.AdamW())
+    assert optimizer_state(wrapped, model).decayed == paths
+
+
+def test_weight_decay_copies_held_until_the_backward_reads_them():
+    """The decayed copies are made at the start of the step; a kernel its
+    input gradient reads keeps its old buffer into the backward pass (an
+    'optimizer update' holder at a backward peak), the first layer's kernel
+    does not (no input gradient; its 4 KiB bias is counted as read by the
+    bias-add's gradient)."""
+    model = keras.Sequential([keras.Input((512,)), keras.layers.Dense(1024, activation="relu"),
+                              keras.layers.Dense(1024, activation="relu"),
+                              keras.layers.Dense(10)])
+    est = memscope.estimate(model, 4096, optimizer=keras.optimizers.AdamW(), device="cpu")
+    assert est.timeline[0].event == "weight decay"
+    plain = memscope.estimate(model, 4096, optimizer="adam", device="cpu")
+    assert est.peak_phase == plain.peak_phase == "backward"
+    held = {h.layer: h.bytes for h in est.peak_holders if h.kind == "optimizer update"}
+    kernel = 1024 * 1024 * 4
+    names = [layer.name for layer in model.layers]
+    assert held.get(names[1], 0) >= kernel and held.get(names[0], 0) < kernel
+    # what the peak holds, less the chunks' rounding (which the allocator's
+    # history decides: here a 16 MiB request in an unsplit 24.9 MiB chunk
+    # under Adam, which the copy fills under AdamW)
+    held_bytes = est.peak_bytes - est.allocator_bytes
+    assert held_bytes - (plain.peak_bytes - plain.allocator_bytes) >= kernel
