@@ -174,9 +174,70 @@ def separable() -> keras.Model:
     return keras.Model(inputs, outputs, name="separable")
 
 
+# --- models first estimated after the graph method was built: keras.applications
+# architectures the zoo lacks, and small models of other kinds -------------------
+
+
+def convnext() -> keras.Model:
+    """ConvNeXt-Tiny on 64 x 64 inputs (its 7 x 7 depthwise convolutions are
+    grouped Conv2D layers, which Keras runs with XLA on the CPU)."""
+    return keras.applications.ConvNeXtTiny(weights=None, input_shape=(64, 64, 3), classes=10)
+
+
+def efficientnetb0() -> keras.Model:
+    return keras.applications.EfficientNetB0(weights=None, input_shape=(128, 128, 3),
+                                             classes=10)
+
+
+def mobilenetv3small() -> keras.Model:
+    return keras.applications.MobileNetV3Small(weights=None, input_shape=(128, 128, 3),
+                                               classes=10)
+
+
+def xception() -> keras.Model:
+    return keras.applications.Xception(weights=None, input_shape=(96, 96, 3), classes=10)
+
+
+def nasnetmobile() -> keras.Model:
+    return keras.applications.NASNetMobile(weights=None, input_shape=(96, 96, 3), classes=10)
+
+
+def textcnn() -> keras.Model:
+    """Embedding, Conv1D, global max pooling, dropout: a text classifier."""
+    return keras.Sequential([
+        keras.Input((300,), dtype="int32"), layers.Embedding(30000, 128),
+        layers.Conv1D(128, 5, activation="relu"), layers.GlobalMaxPooling1D(),
+        layers.Dropout(0.5), layers.Dense(64, activation="relu"), layers.Dense(5)],
+        name="textcnn")
+
+
+def autoencoder() -> keras.Model:
+    """A dense autoencoder with dropout and gelu, compiled with its loss (mse)."""
+    inputs = keras.Input((784,))
+    x = layers.Dense(512, activation="relu")(inputs)
+    x = layers.Dropout(0.2)(x)
+    x = layers.Dense(64)(x)
+    x = layers.Dense(512, activation="gelu")(x)
+    model = keras.Model(inputs, layers.Dense(784, activation="sigmoid")(x), name="autoencoder")
+    model.compile(loss="mse")
+    return model
+
+
+def groupnorm() -> keras.Model:
+    """Convolutions with GroupNormalization and swish (64 x 64 x 8 inputs)."""
+    return keras.Sequential([
+        keras.Input((64, 64, 8)), layers.Conv2D(64, 3, padding="same"),
+        layers.GroupNormalization(8), layers.Activation("swish"),
+        layers.Conv2D(64, 3, strides=2, padding="same"), layers.GroupNormalization(8),
+        layers.Activation("swish"), layers.GlobalAveragePooling2D(), layers.Dense(10)],
+        name="groupnorm")
+
+
 ZOO = {f.__name__: f for f in (mlp, cnn, resnet50, mobilenetv2, vgg16, densenet121, lstm,
                                transformer)}
 HELD_OUT = {f.__name__: f for f in (unet, gru, vit, separable)}
+UNSEEN = {f.__name__: f for f in (convnext, efficientnetb0, mobilenetv3small, xception,
+                                  nasnetmobile, textcnn, autoencoder, groupnorm)}
 
 
 # --- large models, estimated without building their weights ------------------

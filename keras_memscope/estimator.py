@@ -113,11 +113,14 @@ def resolve_method(method: str) -> str:
 
 def lower(graph: ModelGraph, ruleset: RuleSet, method: str = "rules",
           overrides: tuple[type, ...] = (), upcast_dtypes: Sequence[str] = (),
-          ) -> tuple[list[LayerOp], dict[str, int], list[str]]:
+          xla: bool = True) -> tuple[list[LayerOp], dict[str, int], list[str]]:
     """Every call -> a LayerOp via its rule (or, with ``method="graph"``, via
     TensorFlow's graph of the call, except for the classes in ``overrides``,
     whose rules the user gave); unknown classes use the fallback. Matmuls in
-    ``upcast_dtypes`` get their float32 copies (:func:`ir.with_upcast`)."""
+    ``upcast_dtypes`` get their float32 copies (:func:`ir.with_upcast`). With
+    ``xla`` the functions a layer has XLA compile are costed as XLA compiles
+    them here (``keras_memscope.xla``), which is right for this machine's
+    device."""
     ops: list[LayerOp] = []
     unsupported: dict[str, int] = {}
     rule_names: list[str] = []
@@ -162,7 +165,7 @@ def lower(graph: ModelGraph, ruleset: RuleSet, method: str = "rules",
                 from .tfgraph import traced_prims
 
                 try:
-                    prims = traced_prims(call)
+                    prims = traced_prims(call, xla=xla)
                     rule_names.append("graph")
                 except NotImplementedError as exc:  # a loop: the rule sizes it
                     logger.info("%s: %s", call.name, exc)
@@ -203,8 +206,13 @@ def _warn_unsupported(class_name: str) -> None:
 
 def _label_bytes(model: Any, outputs: list[Any]) -> list[int]:
     """Bytes of the labels a fit() step holds: integer class ids for sparse
-    losses, else a float32 tensor shaped like each output."""
+    losses, else a float32 tensor shaped like each output. A model that is
+    not compiled is taken to train as ``measure`` trains it: a sparse
+    categorical cross-entropy for an output of more than one unit, else the
+    mean squared error."""
     import keras
+
+    from .measure import _default_loss
 
     loss = getattr(model, "loss", None)
     sparse = False
@@ -215,6 +223,8 @@ def _label_bytes(model: Any, outputs: list[Any]) -> list[int]:
             sparse = sparse or type(item).__name__.startswith("Sparse")
     sizes = []
     for t in outputs:
+        if loss is None:  # not compiled: the loss ``measure`` would train with
+            sparse = _default_loss(tuple(t.shape)).startswith("sparse")
         if sparse:
             sizes.append(math.prod(t.shape[:-1]) * 8)
         else:
@@ -326,8 +336,9 @@ def estimate(
     if sharding.local_shapes:
         graph = _shard_weights(graph, sharding)
     overrides = tuple(rules or ())  # (classes: with_overrides checked them)
+    # XLA compiles for this machine's CPU: its buffers are the CPU's
     ops, unsupported, rule_names = lower(graph, ruleset, method, overrides,
-                                         profile.upcast_dtypes)
+                                         profile.upcast_dtypes, xla=profile.kind == "cpu")
     loop_backlog = _loop_backlog(ops)
     loop_extra = 0
     state = optimizers.optimizer_state(opt, model, sharding.local_shapes)
@@ -344,6 +355,11 @@ def estimate(
 
     weights_bytes = sum(round_up(w.nbytes) for w in graph.variables)
     input_sizes = [t.nbytes for t in graph.inputs] + _label_bytes(model, list(graph.outputs))
+    if getattr(model, "loss", None) is None and graph.outputs:
+        notes.append("the model is not compiled: labels sized as class indices for an output "
+                     "of more than one unit (sparse categorical cross-entropy), else like the "
+                     "output (mean squared error), as measure() trains it; compile the model "
+                     "with its loss to size them")
     input_bytes = sum(round_up(n) for n in input_sizes)
     # In the order a training run makes them: weights when the model is built,
     # then the batch, then the optimizer's variables at its first step.
@@ -402,6 +418,8 @@ def estimate(
     flops = timing.layer_times(result.costs, _UNTIMED, dtypes) if not timed else times
     records = _layer_records(graph, ops, rule_names, result.layer_saved_bytes,
                              result.layer_workspace_bytes, flops, timed)
+    if method == "graph" and profile.kind == "cpu":
+        notes += _grouped_convolution_notes(graph, records)
     trainable = [w for w in graph.variables if w.trainable]
     # new buffers per update: the optimizer's, and the copy of a weight its
     # input gradient still reads
@@ -454,6 +472,27 @@ def estimate(
         remat=(remat_spec.describe() if remat_spec else
                ", ".join(sorted({s.describe() for s in per_layer.values()}))),
     )
+
+
+def _grouped_convolution_notes(graph: ModelGraph, records: Sequence[LayerRecord]) -> list[str]:
+    """A note on convolutions with one input channel per group: Keras runs
+    them with XLA on the CPU, whose filter gradient is a dense k x k x C x C
+    convolution (``keras_memscope.xla``); DepthwiseConv2D computes the same
+    with TensorFlow's own depthwise kernels."""
+    workspace = {r.name: r.workspace_bytes for r in records}
+    found = []
+    for call in graph.calls:
+        groups = getattr(call.layer, "groups", 1) or 1
+        if (groups > 1 and call.inputs and len(call.inputs[0].shape) == 4
+                and call.inputs[0].shape[-1] == groups):
+            found.append((workspace.get(call.name, 0), call.name))
+    if not found:
+        return []
+    largest, name = max(found)
+    return [f"{len(found)} convolution(s) with one input channel per group (e.g. {name}): "
+            "Keras runs them with XLA on the CPU, whose filter gradient is a dense "
+            f"kernel x kernel x channels x channels convolution ({human_bytes(largest)} "
+            "of workspace at the most); DepthwiseConv2D computes the same without it"]
 
 
 def _backward_time(profile: devices.DeviceProfile,

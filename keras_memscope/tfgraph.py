@@ -221,18 +221,21 @@ def _macs(op: Any) -> int:
     return 0
 
 
-def traced_prims(call: CallRecord) -> list[Prim]:
+def traced_prims(call: CallRecord, xla: bool = True) -> list[Prim]:
     """The prims of one layer call, from TensorFlow's graph of its forward and
-    gradient (cached by the call's signature)."""
-    key = _signature(call)
+    gradient (cached by the call's signature). With ``xla`` a function the
+    layer has XLA compile adds the temporary buffer XLA runs it with on this
+    machine's CPU (``keras_memscope.xla``); without, nothing (a GPU compiles
+    it otherwise)."""
+    key = _signature(call) + ("" if xla else " (no xla)")
     if key not in _CACHE:
-        _CACHE[key] = _trace(call)
+        _CACHE[key] = _trace(call, xla)
     # the cached prims name weights by position; this call's names replace them
     names = {f"w#{i}": f"w:{w.name}" for i, w in enumerate(call.weights)}
     return [p.renamed(names) for p in _CACHE[key]]
 
 
-def _trace(call: CallRecord) -> list[Prim]:
+def _trace(call: CallRecord, xla_buffers: bool = True) -> list[Prim]:
     import keras
     import tensorflow as tf
     from keras import tree
@@ -315,11 +318,31 @@ def _trace(call: CallRecord) -> list[Prim]:
         # the per-iteration tensors a loop keeps live in lists the graph does not size
         raise NotImplementedError(f"{type(layer).__name__} runs {sorted(loops)[0]}: "
                                   "its rule is used")
-    return _to_prims(call, graph, ops[:split], ops[split:], out_names)
+    return _to_prims(call, graph, ops[:split], _run(graph, ops[split:]), out_names,
+                     xla_buffers)
+
+
+def _run(graph: Any, backward: list[Any]) -> list[Any]:
+    """The gradient ops TensorFlow runs: those the returned gradients depend
+    on (and stateful ones); the function runtime prunes the rest. A custom
+    gradient may compute more than is asked of it: ``tf.nn.silu``'s also
+    returns the gradient of its constant ``beta``, four input-sized products
+    and a sum nobody reads (a swish at 16 MiB activations: 64 MiB)."""
+    needed: set[str] = set()
+    stack = [t.op for t in graph.outputs]
+    while stack:
+        op = stack.pop()
+        if op.name in needed:
+            continue
+        needed.add(op.name)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return [op for op in backward if op.name in needed or op._is_stateful]
 
 
 def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
-              backward: list[Any], out_names: list[str]) -> list[Prim]:
+              backward: list[Any], out_names: list[str],
+              xla_buffers: bool = True) -> list[Prim]:
     placeholders = [t for t in graph.inputs if t.dtype.name != "resource"][:len(call.inputs)]
     ref: dict[str, str] = {t.name: f"in{i}" for i, t in enumerate(placeholders)}
     # weights: each weight placeholder is the weight's reference
@@ -351,8 +374,12 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             ref[op.outputs[0].name] = ref[op.inputs[0].name]
             continue
         outputs = []
-        for t in op.outputs:
+        for i, t in enumerate(op.outputs):
             if t.name in out_ref and out_ref[t.name] in [r for r, _ in outputs]:
+                continue
+            if (op.type == "IdentityN" and i > 0 and t.name not in out_ref
+                    and op.inputs[i].name in ref):
+                ref[t.name] = ref[op.inputs[i].name]  # each output is its input
                 continue
             r = out_ref.get(t.name) or f"t{n}"
             n += 1
@@ -362,7 +389,14 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
                 if t.name in saved and t.name in ref and not ref[t.name].startswith("w#")]
         grad_inputs = [ref[t.name] for t in op.inputs
                        if t.name in ref and t.dtype.is_floating]
-        is_view = op.type in VIEW_OPS
+        if _custom_gradient(op):
+            # tf.custom_gradient: the gradient goes straight to the function's
+            # arguments (the inputs whose identities nobody reads), not back
+            # through the ops that computed its results
+            grad_inputs = [ref[x.name] for x, y in zip(op.inputs, op.outputs)
+                           if x.name in ref and x.dtype.is_floating
+                           and y.name not in out_ref and not _read_in(y, forward)]
+        is_view = op.type in VIEW_OPS or _identity_arithmetic(op)
         workspace_for: dict[str, int] = {}
         if op.type == "Conv2D" and len(inputs) >= 2:
             filt, inp = _col_buffers(op, op.outputs[0], op.inputs[1])
@@ -388,7 +422,8 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
                     workspace_for[r] = workspace_for.get(r, 0) + nbytes
         # a function Keras has XLA compile (a grouped convolution on the CPU)
         # runs with one temporary buffer of its own
-        fwd_ws += xla.call_temp_bytes(op)
+        if xla_buffers:
+            fwd_ws += xla.call_temp_bytes(op)
         upcast: dict[str, object] = {}
         if op.type in _MATMUL_OPS and len(op.inputs) == 2 and all(
                 t.name in ref for t in op.inputs):
@@ -400,7 +435,9 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             op.type, inputs, outputs, save=list(dict.fromkeys(keep)),
             differentiable=list(dict.fromkeys(grad_inputs)),
             alias=is_view and bool(inputs),
-            inplace=[inputs[0]] if op.type in FORWARDING_OPS and inputs else [],
+            # an element-wise kernel may write into any input of its size
+            # (BinaryOp forwards input 0, else input 1)
+            inplace=list(dict.fromkeys(inputs)) if op.type in FORWARDING_OPS else [],
             grad_inplace=op.type in FORWARDING_OPS,
             macs=_macs(op), kernel=_FAMILY.get(op.type, ""), gemm_min_dim=_gemm_min_dim(op),
             workspace_for=workspace_for, backward_workspace_bytes=bwd_ws,
@@ -421,17 +458,71 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             prims.append(prim("view", ["in0"] if call.inputs else [],
                               [(f"out{i}", call.outputs[i].nbytes)], alias=bool(call.inputs)))
     # the gradient ops' own intermediates, alive together at their highest
-    parts = _backward_intermediates_peak(backward, graph)
+    parts = _backward_intermediates_peak(backward, graph, xla_buffers)
     if prims and parts:
-        first = prims[0]  # its gradient runs last, when the layer's gradient ends
-        prims[0] = Prim(**{**first.__dict__,
+        # on the first prim the gradient goes through: its gradient runs last,
+        # when the layer's gradient ends
+        i = _first_on_gradient_path(prims)
+        first = prims[i]
+        prims[i] = Prim(**{**first.__dict__,
                            "backward_workspace_bytes": first.backward_workspace_bytes
                            + sum(parts),
                            "backward_workspace_parts": parts})
     return _only_known_saves(prims)
 
 
-def _backward_intermediates_peak(backward: list[Any], graph: Any) -> tuple[int, ...]:
+def _first_on_gradient_path(prims: list[Prim]) -> int:
+    """The first prim whose outputs reach the call's outputs through
+    differentiable inputs (0 when none does)."""
+    reached = {r for p in prims for r, _ in p.outputs if r.startswith("out")}
+    first = 0
+    for i in range(len(prims) - 1, -1, -1):
+        p = prims[i]
+        if any(r in reached for r, _ in p.outputs):
+            reached.update(p.differentiable)
+            first = i
+    return first
+
+
+def _custom_gradient(op: Any) -> bool:
+    """Whether an op is the ``IdentityN`` that ``tf.custom_gradient`` wraps
+    around a function's results and arguments."""
+    if op.type != "IdentityN":
+        return False
+    try:
+        return op.get_attr("_gradient_op_type").decode().startswith("CustomGradient")
+    except (ValueError, TypeError):
+        return False
+
+
+def _read_in(t: Any, ops: list[Any]) -> bool:
+    names = {o.name for o in ops}
+    return any(c.name in names for c in t.consumers())
+
+
+def _identity_arithmetic(op: Any) -> bool:
+    """``x * 1``, ``x / 1``, ``x + 0`` or ``x - 0`` with a constant of ones or
+    zeros that does not broadcast ``x``: grappler's constant folding turns it
+    into ``x`` (``tf.nn.silu`` multiplies its input by ``beta = 1``)."""
+    import tensorflow as tf
+
+    neutral = {"Mul": (1.0, (0, 1)), "RealDiv": (1.0, (1,)), "Div": (1.0, (1,)),
+               "AddV2": (0.0, (0, 1)), "Add": (0.0, (0, 1)), "Sub": (0.0, (1,))}
+    if op.type not in neutral or len(op.inputs) != 2:
+        return False
+    value, positions = neutral[op.type]
+    for i in positions:
+        const, other = op.inputs[i], op.inputs[1 - i]
+        if const.op.type != "Const" or other.shape != op.outputs[0].shape:
+            continue
+        v = tf.get_static_value(const)
+        if v is not None and (v == value).all():
+            return True
+    return False
+
+
+def _backward_intermediates_peak(backward: list[Any], graph: Any,
+                                 xla_buffers: bool = True) -> tuple[int, ...]:
     """Bytes the gradient ops need beyond what the schedule holds for them, as
     the sizes of the allocations that make them up.
 
@@ -458,7 +549,8 @@ def _backward_intermediates_peak(backward: list[Any], graph: Any) -> tuple[int, 
     buffer_of: dict[str, int] = {}  # intermediate tensor -> its buffer
     for op in backward:
         new: list[int] = []
-        if op.type not in VIEW_OPS and op.type not in FREE_OPS:
+        if (op.type not in VIEW_OPS and op.type not in FREE_OPS
+                and not _identity_arithmetic(op)):
             donor = None
             if op.type in FORWARDING_OPS or op.type in FORWARDING_GRAD_OPS:
                 donor = next((t.name for t in op.inputs if t.name in buffer_of
@@ -479,7 +571,7 @@ def _backward_intermediates_peak(backward: list[Any], graph: Any) -> tuple[int, 
                 if t.name not in final:  # the gradients handed back stay
                     buffer_of[t.name] = bid
         freed = []
-        temp = xla.call_temp_bytes(op)  # an XLA-compiled gradient's own buffer
+        temp = xla.call_temp_bytes(op) if xla_buffers else 0  # an XLA gradient's buffer
         if temp:
             new.append(len(size))
             freed.append(len(size))

@@ -10,7 +10,9 @@ from .models import seed_mlp
 
 
 def test_seed_mlp_parameters_and_bytes():
-    est = memscope.estimate(seed_mlp(), batch_size=256, optimizer="adam", device="cpu")
+    model = seed_mlp()
+    model.compile(optimizer="adam", loss="categorical_crossentropy")
+    est = memscope.estimate(model, batch_size=256, device="cpu")
     # fc1 1000x100 + 100, fc2..fc4 100x100 + 100, output 100x10 + 10
     gt_params = (1000 * 100 + 100) + 3 * (100 * 100 + 100) + (100 * 10 + 10)
     assert gt_params == 131_410
@@ -26,6 +28,11 @@ def test_seed_mlp_parameters_and_bytes():
     assert est.optimizer_bytes == gt_adam
     # the batch: 256 x 1000 float32 inputs and 256 x 10 float32 labels
     assert est.input_bytes == round_up(256 * 1000 * 4) + round_up(256 * 10 * 4)
+    # not compiled: trained as ``measure`` trains it, on class ids (int64)
+    uncompiled = memscope.estimate(seed_mlp(), batch_size=256, optimizer="adam",
+                                   device="cpu")
+    assert uncompiled.input_bytes == round_up(256 * 1000 * 4) + round_up(256 * 8)
+    assert any("not compiled" in n for n in uncompiled.notes)
     # every Dense keeps its input for the kernel gradient; ReLU its output;
     # the input batch is held by the caller and the softmax output by the loss
     assert est.saved_activations_bytes >= 4 * round_up(256 * 100 * 4)

@@ -257,3 +257,54 @@ def test_grouped_convolution_xla_buffer_against_measurement():
     measured = memscope.measure(model, 4, optimizer="sgd", steps=3, device="cpu")
     assert abs(est.peak_bytes - measured.peak_bytes) <= 0.05 * measured.peak_bytes, (
         est.peak_bytes, measured.step_peak_bytes)
+
+
+def swish_after_conv() -> keras.Model:
+    return keras.Sequential([keras.Input((64, 64, 8)), layers.Conv2D(64, 1),
+                             layers.Activation("swish"), layers.GlobalAveragePooling2D()],
+                            name="swish_after_conv")
+
+
+def test_custom_gradient_goes_to_the_arguments():
+    """``tf.nn.silu`` is a ``tf.custom_gradient``: its gradient reads only the
+    input and recomputes the sigmoid, so the swish keeps nothing of its own
+    for the backward pass (the convolution's output is what is kept), its
+    ``beta * x`` with beta = 1 is folded away, and the gradient of the unused
+    ``beta`` is pruned. The recomputed sigmoid and ``1 - sigmoid`` are alive
+    together and the products end in one of them, which becomes the input
+    gradient: one input-sized buffer beyond the gradients."""
+    est = memscope.estimate(swish_after_conv(), 16, optimizer="sgd", device="cpu",
+                            method="graph")
+    swish = next(r for r in est.layers if r.class_name == "Activation")
+    conv = next(r for r in est.layers if r.class_name == "Conv2D")
+    size = 16 * 64 * 64 * 64 * 4
+    assert swish.activation_bytes == 0 and conv.activation_bytes == size
+    assert swish.workspace_bytes == size
+
+
+def test_identity_arithmetic_is_a_view():
+    import tensorflow as tf
+
+    from keras_memscope.tfgraph import _identity_arithmetic
+
+    def ops_of(fn):
+        graph = tf.function(fn).get_concrete_function(tf.TensorSpec((4, 8))).graph
+        return [op for op in graph.get_operations() if op.type in ("Mul", "AddV2", "Sub")]
+
+    assert all(_identity_arithmetic(op) for op in ops_of(lambda x: x * 1.0 + 0.0 - 0.0))
+    assert not any(_identity_arithmetic(op) for op in ops_of(lambda x: x * 2.0 + 1.0))
+    # ones that broadcast the input to a larger shape are a real product
+    assert not any(_identity_arithmetic(op)
+                   for op in ops_of(lambda x: x[:, :1] * tf.ones((4, 8))))
+
+
+def test_grouped_convolution_note_and_host_only_xla_buffer():
+    """The note names the layer and the remedy; XLA's CPU buffer is not
+    assumed for a GPU estimate (XLA compiles the function for the GPU
+    there)."""
+    cpu = memscope.estimate(grouped_last(), 4, optimizer="sgd", device="cpu", method="graph")
+    note = next(n for n in cpu.notes if "one input channel per group" in n)
+    assert "DepthwiseConv2D" in note and human_bytes(2 * 7 * 7 * 256 * 256 * 4) in note
+    gpu = memscope.estimate(grouped_last(), 4, optimizer="sgd", device="gpu", method="graph")
+    assert gpu.workspace_bytes < 7 * 7 * 256 * 256 * 4
+    assert not any("one input channel per group" in n for n in gpu.notes)
