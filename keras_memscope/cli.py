@@ -43,6 +43,8 @@ _CLI_WORDS = (
      lambda m: "give --input-shape with every dimension after the batch, e.g. "
                "--input-shape " + m.group(1).replace(" ", "")),
     (r"pass input_shape=\.\.\.", "give --input-shape"),
+    (r"compile the model with its loss to size them",
+     "a model saved compiled (.keras), or built compiled by module:function, carries its loss"),
 )
 
 

@@ -113,12 +113,12 @@ def resolve_method(method: str) -> str:
 
 def lower(graph: ModelGraph, ruleset: RuleSet, method: str = "rules",
           overrides: tuple[type, ...] = (), upcast_dtypes: Sequence[str] = (),
-          xla: bool = True) -> tuple[list[LayerOp], dict[str, int], list[str]]:
+          xla_buffers: bool = True) -> tuple[list[LayerOp], dict[str, int], list[str]]:
     """Every call -> a LayerOp via its rule (or, with ``method="graph"``, via
     TensorFlow's graph of the call, except for the classes in ``overrides``,
     whose rules the user gave); unknown classes use the fallback. Matmuls in
     ``upcast_dtypes`` get their float32 copies (:func:`ir.with_upcast`). With
-    ``xla`` the functions a layer has XLA compile are costed as XLA compiles
+    ``xla_buffers`` the functions a layer has XLA compile are costed as XLA compiles
     them here (``keras_memscope.xla``), which is right for this machine's
     device."""
     ops: list[LayerOp] = []
@@ -165,7 +165,7 @@ def lower(graph: ModelGraph, ruleset: RuleSet, method: str = "rules",
                 from .tfgraph import traced_prims
 
                 try:
-                    prims = traced_prims(call, xla=xla)
+                    prims = traced_prims(call, xla_buffers=xla_buffers)
                     rule_names.append("graph")
                 except NotImplementedError as exc:  # a loop: the rule sizes it
                     logger.info("%s: %s", call.name, exc)
@@ -221,6 +221,9 @@ def _label_bytes(model: Any, outputs: list[Any]) -> list[int]:
             sparse = sparse or item.startswith("sparse")
         elif isinstance(item, keras.losses.Loss):
             sparse = sparse or type(item).__name__.startswith("Sparse")
+        elif isinstance(item, dict):  # serialized (a .keras file's compile config)
+            name = f"{item.get('class_name', '')} {item.get('config', {}).get('name', '')}"
+            sparse = sparse or "sparse" in name.lower()
     sizes = []
     for t in outputs:
         if loss is None:  # not compiled: the loss ``measure`` would train with
@@ -338,7 +341,8 @@ def estimate(
     overrides = tuple(rules or ())  # (classes: with_overrides checked them)
     # XLA compiles for this machine's CPU: its buffers are the CPU's
     ops, unsupported, rule_names = lower(graph, ruleset, method, overrides,
-                                         profile.upcast_dtypes, xla=profile.kind == "cpu")
+                                         profile.upcast_dtypes,
+                                         xla_buffers=profile.kind == "cpu")
     loop_backlog = _loop_backlog(ops)
     loop_extra = 0
     state = optimizers.optimizer_state(opt, model, sharding.local_shapes)

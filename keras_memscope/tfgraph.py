@@ -221,15 +221,15 @@ def _macs(op: Any) -> int:
     return 0
 
 
-def traced_prims(call: CallRecord, xla: bool = True) -> list[Prim]:
+def traced_prims(call: CallRecord, xla_buffers: bool = True) -> list[Prim]:
     """The prims of one layer call, from TensorFlow's graph of its forward and
-    gradient (cached by the call's signature). With ``xla`` a function the
+    gradient (cached by the call's signature). With ``xla_buffers`` a function the
     layer has XLA compile adds the temporary buffer XLA runs it with on this
     machine's CPU (``keras_memscope.xla``); without, nothing (a GPU compiles
     it otherwise)."""
-    key = _signature(call) + ("" if xla else " (no xla)")
+    key = _signature(call) + ("" if xla_buffers else " (no xla)")
     if key not in _CACHE:
-        _CACHE[key] = _trace(call, xla)
+        _CACHE[key] = _trace(call, xla_buffers)
     # the cached prims name weights by position; this call's names replace them
     names = {f"w#{i}": f"w:{w.name}" for i, w in enumerate(call.weights)}
     return [p.renamed(names) for p in _CACHE[key]]

@@ -16,7 +16,11 @@ input shapes and reads the optimized module XLA will run;
 :func:`hlo_temp_bytes` walks its entry computation in schedule order and
 returns the most bytes its instructions' buffers hold at once, without the
 parameters and the results (the call's inputs and outputs, which the schedule
-holds).
+holds). Against the allocator (tensorflow-cpu 2.21): exact for one input
+channel per group (231,211,008 bytes at C = 768, 7 x 7; 42,467,328 at
+3 x 3); with 2 or 16 channels per group XLA's buffer assignment packs
+tighter than this walk, which gives twice the buffer (700,416 bytes
+against 350,208; 204,800 against 102,400), a few hundred KiB.
 """
 
 from __future__ import annotations

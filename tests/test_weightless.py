@@ -52,6 +52,18 @@ def test_configs_json_and_keras_files(tmp_path):
     assert not global_state.get_global_attribute("uninitialized_variables")
 
 
+def test_keras_file_loss_sizes_the_labels(tmp_path):
+    """A .keras file's compile config carries its loss (serialized): a sparse
+    cross-entropy's labels are class ids, not values shaped like the output."""
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(10)])
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy())
+    path = tmp_path / "sparse.keras"
+    model.save(path)
+    est = memscope.estimate(str(path), 32, device="cpu")
+    assert est.input_bytes == 32 * 8 * 4 + 32 * 8
+    assert not any("not compiled" in n for n in est.notes)
+
+
 def test_bad_sources():
     with pytest.raises(ValueError, match="no such file"):
         memscope.estimate("missing.keras", 2)
