@@ -210,20 +210,14 @@ def _label_bytes(model: Any, outputs: list[Any]) -> list[int]:
     not compiled is taken to train as ``measure`` trains it: a sparse
     categorical cross-entropy for an output of more than one unit, else the
     mean squared error."""
-    import keras
-
-    from .measure import _default_loss
+    from .measure import _default_loss, _loss_name
 
     loss = getattr(model, "loss", None)
-    sparse = False
-    for item in (loss if isinstance(loss, (list, tuple)) else [loss]):
-        if isinstance(item, str):
-            sparse = sparse or item.startswith("sparse")
-        elif isinstance(item, keras.losses.Loss):
-            sparse = sparse or type(item).__name__.startswith("Sparse")
-        elif isinstance(item, dict):  # serialized (a .keras file's compile config)
-            name = f"{item.get('class_name', '')} {item.get('config', {}).get('name', '')}"
-            sparse = sparse or "sparse" in name.lower()
+    # a name, a Loss, a loss function or a serialized loss (a .keras file's
+    # compile config), named as ``measure`` names it
+    sparse = any("sparse" in _loss_name(item).lower()
+                 for item in (loss if isinstance(loss, (list, tuple)) else [loss])
+                 if item is not None)
     sizes = []
     for t in outputs:
         if loss is None:  # not compiled: the loss ``measure`` would train with
@@ -395,7 +389,8 @@ def estimate(
         persistent=persistent,
         slots=slots,
         accumulation_steps=state.accumulation_steps,
-        decayed=[weight_key[path] for path in state.decayed if path in weight_key],
+        # in the model's order (a set's order changes from process to process)
+        decayed=[w.key for w in graph.variables if w.path in state.decayed],
         update_lag=lag,
         weight_grad_lag=profile.weight_grad_lag,
         backward_time=_backward_time(profile, dtypes),

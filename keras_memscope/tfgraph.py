@@ -99,7 +99,6 @@ def _signature(call: CallRecord) -> str:
 
 
 ACTIVATION_SCOPE = "memscope_activation"
-_CALL_OPS = ("StatefulPartitionedCall", "PartitionedCall")
 
 
 def _contraction(op: Any) -> int:
@@ -206,7 +205,7 @@ def _macs(op: Any) -> int:
         if op.type == "DepthwiseConv2dNative":
             f = op.inputs[1].shape
             return math.prod(out) * int(f[0]) * int(f[1])
-        if op.type in _CALL_OPS:
+        if op.type in xla.CALL_OPS:
             # a nested function (Keras compiles grouped convolutions with XLA
             # on the CPU): the sum of its own ops
             fn = op.graph._get_function(op.get_attr("f").name)
@@ -390,12 +389,13 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
         grad_inputs = [ref[t.name] for t in op.inputs
                        if t.name in ref and t.dtype.is_floating]
         if _custom_gradient(op):
+            read_forward = {x.name for o in forward for x in o.inputs}
             # tf.custom_gradient: the gradient goes straight to the function's
             # arguments (the inputs whose identities nobody reads), not back
             # through the ops that computed its results
             grad_inputs = [ref[x.name] for x, y in zip(op.inputs, op.outputs)
                            if x.name in ref and x.dtype.is_floating
-                           and y.name not in out_ref and not _read_in(y, forward)]
+                           and y.name not in out_ref and y.name not in read_forward]
         is_view = op.type in VIEW_OPS or _identity_arithmetic(op)
         workspace_for: dict[str, int] = {}
         if op.type == "Conv2D" and len(inputs) >= 2:
@@ -493,11 +493,6 @@ def _custom_gradient(op: Any) -> bool:
         return op.get_attr("_gradient_op_type").decode().startswith("CustomGradient")
     except (ValueError, TypeError):
         return False
-
-
-def _read_in(t: Any, ops: list[Any]) -> bool:
-    names = {o.name for o in ops}
-    return any(c.name in names for c in t.consumers())
 
 
 def _identity_arithmetic(op: Any) -> bool:

@@ -45,6 +45,10 @@ _INSTRUCTION = re.compile(
 _ARRAY = re.compile(r"([a-z]\w*)\[([\d,]*)\]")
 _OPERAND = re.compile(r"%([\w.\-]+)")
 
+#: The ops that call a function (``tfgraph`` reads a nested function's work
+#: through them too).
+CALL_OPS = ("StatefulPartitionedCall", "PartitionedCall")
+
 _CACHE: dict[str, int] = {}
 
 
@@ -119,7 +123,7 @@ def hlo_temp_bytes(text: str) -> int:
 
 def compiled(op: Any) -> bool:
     """Whether a call op's function runs compiled by XLA."""
-    if op.type not in ("StatefulPartitionedCall", "PartitionedCall"):
+    if op.type not in CALL_OPS:
         return False
     try:
         return bool(op.get_attr("_XlaMustCompile"))
