@@ -102,6 +102,16 @@ class DeviceProfile:
             gradient outlasts as many later input gradients as its time
             covers; the number is how many gradient ops a weight gradient
             overlaps with where no times are given.
+        op_time_sigma, order_histories: with two streams, which ops run
+            beside which varies from step to step and process to process, and
+            with it which freed chunk a request gets. ``op_time_sigma`` is the
+            log-normal spread of one op's duration between steps (0.32-0.34
+            measured on a 2-core x86-64 CPU, ``benchmarks/op_time_spread.py``);
+            the estimate simulates the nominal order and ``order_histories``
+            more, each with every op's gradient times scaled by independent
+            factors of that spread (fixed seeds), and reports the highest peak
+            (``MemoryEstimate.history_peaks`` holds them all). 0: the nominal
+            order only.
         fresh_pages_above, first_touch_bytes_s: allocations larger than
             ``fresh_pages_above`` bytes get new pages from the operating system
             at every step, and the kernel writing them pays for first touching
@@ -135,6 +145,8 @@ class DeviceProfile:
     rates: Mapping[str, float] = dataclasses.field(default_factory=dict)
     update_lag: int = 1
     weight_grad_lag: int = 0
+    op_time_sigma: float = 0.0
+    order_histories: int = 0
     upcast_dtypes: tuple[str, ...] = ()
     fresh_pages_above: int | None = None
     first_touch_bytes_s: float | None = None
@@ -238,7 +250,8 @@ def _cpu_profile() -> DeviceProfile:
         return dataclasses.replace(_CALIBRATED["cpu"], memory_bytes=_cpu_available_bytes())
     return DeviceProfile(
         name="cpu", kind="cpu", overhead_bytes=521 * MiB, memory_bytes=_cpu_available_bytes(),
-        weight_grad_lag=1, upcast_dtypes=("float16", "bfloat16"),
+        weight_grad_lag=1, op_time_sigma=0.33, order_histories=10,
+        upcast_dtypes=("float16", "bfloat16"),
         fresh_pages_above=None if _cpu_bfc() else 32 * MiB,
         source=("this machine's available RAM; overhead: resident set right after "
                 "`import tensorflow` (tensorflow-cpu 2.21, Linux x86-64), measured"),
@@ -329,6 +342,8 @@ def profile_from_dict(data: Mapping[str, Any]) -> DeviceProfile:
     base = _cpu_profile() if kind == "cpu" else GENERIC_GPU
     values.setdefault("overhead_bytes", base.overhead_bytes)
     values["upcast_dtypes"] = tuple(values.get("upcast_dtypes", base.upcast_dtypes))
+    for key in ("weight_grad_lag", "op_time_sigma", "order_histories"):
+        values.setdefault(key, getattr(base, key))
     if "compute_capability" in values and values["compute_capability"] is not None:
         values["compute_capability"] = tuple(values["compute_capability"])
     if "reserved_bytes" not in values:

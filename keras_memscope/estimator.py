@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import random
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -260,7 +261,11 @@ def estimate(
         batch_size: samples per step (a positive integer).
         optimizer: a name or a ``keras.optimizers.Optimizer``; defaults to the
             model's compiled optimizer, else Adam.
-        device: ``"gpu"``, ``"cpu"`` or a :class:`DeviceProfile`.
+        device: ``"gpu"``, ``"cpu"`` or a :class:`DeviceProfile`. On the CPU,
+            whose executor runs input and weight gradients on two threads in
+            an order that varies with op times, the step is simulated in the
+            nominal order and ``order_histories`` others and the estimate is
+            the highest peak (``history_peaks``).
         dtype_policy: e.g. ``"mixed_bfloat16"`` to estimate the model rebuilt
             under that policy (its own policy otherwise).
         input_shape: input shape(s) without the batch dimension, for models
@@ -380,6 +385,7 @@ def estimate(
     losses = [LossSpec(saved_bytes=math.prod(t.shape) * 4) for t in graph.outputs]
     temporaries = state.update_temporaries
     dtypes = {c.index: (c.outputs[0].dtype if c.outputs else "float32") for c in graph.calls}
+    backward_time = _backward_time(profile, dtypes)
     step = functools.partial(
         simulate,
         model_inputs=[t.id for t in graph.inputs],
@@ -393,13 +399,28 @@ def estimate(
         decayed=[w.key for w in graph.variables if w.path in state.decayed],
         update_lag=lag,
         weight_grad_lag=profile.weight_grad_lag,
-        backward_time=_backward_time(profile, dtypes),
+        backward_time=backward_time,
         all_reduce_bytes=(sum(w.nbytes for w in graph.variables if w.trainable)
                           if all_reduce else 0),
         remat=regions,
         allocator=profile.allocator,
     )
-    result = step(ops)
+    nominal = step(ops)
+    result, history_peaks = nominal, ()
+    if profile.weight_grad_lag > 0 and profile.order_histories > 0:
+        # other orders of the two gradient streams: the highest peak has to fit
+        others = [step(ops, backward_time=_scaled_times(backward_time, profile.op_time_sigma,
+                                                        seed))
+                  for seed in range(1, profile.order_histories + 1)]
+        history_peaks = (nominal.peak_bytes, *(r.peak_bytes for r in others))
+        result = max([nominal, *others], key=lambda r: r.peak_bytes)
+        if result.peak_bytes > min(history_peaks):
+            notes.append(
+                f"the CPU runs input and weight gradients on two threads, in an order that "
+                f"varies with op times from step to step: across {len(history_peaks)} "
+                f"simulated orders (op times spread as measured) the step peaks at "
+                f"{human_bytes(min(history_peaks))} to {human_bytes(max(history_peaks))}; "
+                f"the estimate is the highest (history_peaks)")
     if result.accumulator_zeros_bytes:
         notes.append(
             f"gradient accumulation over {state.accumulation_steps} steps: an updating step "
@@ -468,6 +489,7 @@ def estimate(
         recompute_flops=sum(c.forward_flops for c in result.costs if c.recomputed),
         step_allocated_bytes=result.allocated_bytes,
         possible_extra_bytes=loop_extra,
+        history_peaks=history_peaks,
         remat=(remat_spec.describe() if remat_spec else
                ", ".join(sorted({s.describe() for s in per_layer.values()}))),
     )
@@ -501,6 +523,24 @@ def _backward_time(profile: devices.DeviceProfile,
     streams in the simulated step."""
     ordering = timing.ordering_profile(profile)
     return lambda c: timing.backward_seconds(c, ordering, dtypes.get(c.layer_index, "float32"))
+
+
+def _scaled_times(times: Callable[[Any], tuple[float, float]], sigma: float,
+                  seed: int) -> Callable[[Any], tuple[float, float]]:
+    """``times`` with each prim's input- and weight-gradient seconds scaled by
+    independent log-normal factors of spread ``sigma``, drawn from ``seed`` in
+    the order the prims are first asked for (the schedule asks in step order,
+    so the same seed gives the same history)."""
+    rng = random.Random(seed)
+    factors: dict[int, tuple[float, float]] = {}
+
+    def scaled(cost: Any) -> tuple[float, float]:
+        key = id(cost)
+        if key not in factors:
+            factors[key] = (rng.lognormvariate(0.0, sigma), rng.lognormvariate(0.0, sigma))
+        a, b = times(cost)
+        return a * factors[key][0], b * factors[key][1]
+    return scaled
 
 
 def _initializer_temporaries(model: Any) -> dict[int, int]:

@@ -159,6 +159,10 @@ class MemoryEstimate:
     step otherwise than the estimate assumes: the step simulated again with
     every recurrent layer's gradient loop run ahead of its weight-gradient
     sums (the notes say which); 0 where no such case is known.
+    ``history_peaks`` are the peaks of the step simulated in other orders of
+    a CPU's two gradient streams (``DeviceProfile.order_histories``), the
+    nominal order first; the estimate is the highest of them. Empty where
+    one order was simulated.
     """
 
     model_name: str
@@ -196,6 +200,7 @@ class MemoryEstimate:
     step_allocated_bytes: int = 0
     possible_extra_bytes: int = 0
     released_bytes: int = 0
+    history_peaks: tuple[int, ...] = ()
 
     @property
     def no_reuse_bytes(self) -> int:
@@ -209,6 +214,7 @@ class MemoryEstimate:
         object.__setattr__(self, "timeline", tuple(self.timeline))
         object.__setattr__(self, "peak_holders", tuple(self.peak_holders))
         object.__setattr__(self, "notes", tuple(self.notes))
+        object.__setattr__(self, "history_peaks", tuple(self.history_peaks))
 
     @property
     def persistent_bytes(self) -> int:
@@ -248,7 +254,7 @@ class MemoryEstimate:
                 value = [item.to_dict() for item in value]
             elif field.name == "unsupported":
                 value = dict(value)
-            elif field.name == "notes":
+            elif field.name in ("notes", "history_peaks"):
                 value = list(value)
             data[field.name] = value
         data["persistent_bytes"] = self.persistent_bytes
@@ -269,6 +275,7 @@ class MemoryEstimate:
             Holder.from_dict(d) for d in values.get("peak_holders", ())
         )
         values["notes"] = tuple(values.get("notes", ()))
+        values["history_peaks"] = tuple(values.get("history_peaks", ()))
         return cls(**values)
 
     def to_json(self, **kwargs: Any) -> str:

@@ -184,7 +184,8 @@ def test_slow_weight_gradient_outlasts_later_input_gradients():
     def run(filter_rate, profile=base):
         profile = dataclasses.replace(
             profile, peak_flops={"float32": 1e11}, bandwidth_bytes_s=1e10, op_overhead_s=1e-6,
-            rates={"conv": 1e11, "conv_input_grad": 1e11, "conv_filter_grad": filter_rate})
+            rates={"conv": 1e11, "conv_input_grad": 1e11, "conv_filter_grad": filter_rate},
+            order_histories=0)  # the nominal order only
         est = memscope.estimate(model, 8, optimizer="sgd", device=profile)
         events = [(p.layer, p.event) for p in est.timeline if p.phase == "backward"]
         c3_weights = events.index(("c3", "Conv2D (weight gradients)"))
@@ -194,3 +195,34 @@ def test_slow_weight_gradient_outlasts_later_input_gradients():
     assert run(1e9)  # 100 times slower than the input gradients: outlasts them
     assert not run(1e12)
     assert not run(1e9, memscope.devices.get_device("a100-40gb"))
+
+
+def test_cpu_estimate_is_the_highest_of_its_simulated_orders():
+    """On the CPU the two gradient streams interleave as op times say, and op
+    times vary from step to step: the estimate simulates the nominal order and
+    ``order_histories`` others (fixed seeds) and reports the highest peak. A
+    GPU runs one stream: one order."""
+    import dataclasses
+
+    from .models import gated_mlp
+
+    model = gated_mlp()
+    cpu = memscope.devices.get_device("cpu")
+    est = memscope.estimate(model, 8, optimizer="adam", device="cpu")
+    assert len(est.history_peaks) == cpu.order_histories + 1 == 11
+    assert est.peak_bytes == max(est.history_peaks)
+    assert max(p.live_bytes for p in est.timeline) <= est.peak_bytes
+    assert any("simulated orders" in n for n in est.notes)
+    # the same orders in every call and process: fixed seeds
+    assert memscope.estimate(model, 8, optimizer="adam", device="cpu").history_peaks \
+        == est.history_peaks
+    nominal = memscope.estimate(model, 8, optimizer="adam",
+                                device=dataclasses.replace(cpu, order_histories=0))
+    assert nominal.history_peaks == ()
+    assert nominal.peak_bytes == est.history_peaks[0]
+    still = memscope.estimate(model, 8, optimizer="adam",
+                              device=dataclasses.replace(cpu, op_time_sigma=0.0))
+    assert set(still.history_peaks) == {nominal.peak_bytes}
+    assert not any("simulated orders" in n for n in still.notes)
+    assert memscope.estimate(model, 8, optimizer="adam", device="a100-40gb").history_peaks == ()
+    assert memscope.MemoryEstimate.from_json(est.to_json()).history_peaks == est.history_peaks
