@@ -386,12 +386,15 @@ def estimate(
     temporaries = state.update_temporaries
     dtypes = {c.index: (c.outputs[0].dtype if c.outputs else "float32") for c in graph.calls}
     backward_time = _backward_time(profile, dtypes)
+    sparse_sizes, scatters = _sparse_update(opt, ops)
     step = functools.partial(
         simulate,
         model_inputs=[t.id for t in graph.inputs],
         model_outputs=[t.id for t in graph.outputs],
         losses=losses,
         update_workspace=lambda nbytes: nbytes * temporaries,
+        sparse_update=sparse_sizes,
+        copy_on_read=scatters,
         persistent=persistent,
         slots=slots,
         accumulation_steps=state.accumulation_steps,
@@ -523,6 +526,20 @@ def _backward_time(profile: devices.DeviceProfile,
     streams in the simulated step."""
     ordering = timing.ordering_profile(profile)
     return lambda c: timing.backward_seconds(c, ordering, dtypes.get(c.layer_index, "float32"))
+
+
+def _sparse_update(optimizer: Any, ops: Sequence[LayerOp]
+                   ) -> tuple[Callable[[int, int], list[int]] | None, bool]:
+    """The allocations ``optimizer``'s update makes for an IndexedSlices
+    gradient (values bytes, table bytes), where a prim has one (TensorFlow),
+    and whether it scatters into the variable (copy-on-read afterwards)."""
+    import keras
+
+    if keras.backend.backend() != "tensorflow" or not any(
+            p.sparse_grad for op in ops for p in op.prims):
+        return None, False
+    made, dense, scatters = optimizers.sparse_update(optimizer)
+    return (lambda values, table: [values] * made + [table] * dense), scatters
 
 
 def _scaled_times(times: Callable[[Any], tuple[float, float]], sigma: float,

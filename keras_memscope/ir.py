@@ -70,6 +70,10 @@ class Prim:
             its operands and result: ``(input, bytes)`` pairs of those copies
             while the gradient with respect to that input runs, and ``("",
             bytes)`` while the forward kernel runs (see :func:`with_upcast`).
+        sparse_grad: weights whose gradient is ``IndexedSlices`` made of output
+            0's gradient (a gather's: one row per looked-up id, a view of the
+            output gradient): no table-sized gradient is written; the
+            optimizer's update densifies it as its code does.
     """
 
     name: str
@@ -95,6 +99,7 @@ class Prim:
     role: str = ""
     compute_dtype: str = ""
     upcast_workspace: tuple[tuple[str, int], ...] = ()
+    sparse_grad: tuple[str, ...] = ()
 
     def grad_inputs(self) -> tuple[str, ...]:
         return self.inputs if self.differentiable is None else self.differentiable
@@ -117,6 +122,7 @@ class Prim:
             workspace_for=tuple((r(k), v) for k, v in self.workspace_for),
             output_pieces=tuple((r(k), v) for k, v in self.output_pieces),
             upcast_workspace=tuple((r(k) if k else k, v) for k, v in self.upcast_workspace),
+            sparse_grad=tuple(map(r, self.sparse_grad)),
         )
 
 
@@ -154,7 +160,7 @@ def prim(
     **kwargs: object,
 ) -> Prim:
     """Build a :class:`Prim` from lists (a convenience for rules)."""
-    for key in ("save", "inplace", "upcast_workspace", "backlog_parts"):
+    for key in ("save", "inplace", "upcast_workspace", "backlog_parts", "sparse_grad"):
         if key in kwargs:
             kwargs[key] = tuple(kwargs[key])  # type: ignore[arg-type]
     if "workspace_for" in kwargs:

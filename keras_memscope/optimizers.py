@@ -11,10 +11,13 @@ allocated.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from typing import Any
 
 from .units import dtype_bytes, round_up
+
+logger = logging.getLogger(__name__)
 
 #: Temporaries one variable's update allocates, as multiples of its size, read
 #: off each optimizer's ``update_step`` expression tree on TensorFlow (buffers
@@ -277,6 +280,89 @@ def optimizer_state(optimizer: Any, model: Any,
         accumulation_steps=accumulation_steps(optimizer),
         decayed=decayed_paths(optimizer, list(model.trainable_variables)),
     )
+
+
+_SPARSE_UPDATES: dict[str, tuple[int, int, bool]] = {}
+
+
+def sparse_update(optimizer: Any) -> tuple[int, int, bool]:
+    """What ``optimizer``'s update does with a gradient that arrives as
+    ``IndexedSlices`` (an Embedding's): ``(values, tables, scatters)``, the
+    new buffers the size of the values (kernels reading them, such as Adam's
+    ``Square``), the table-sized densifications (``UnsortedSegmentSum``, one
+    per use that needs a dense tensor: Adam's two moments), and whether it
+    scatters into a variable. A scatter puts TensorFlow's resource variable
+    in copy-on-read mode: from then on every read of it is a copy (the
+    allocator trace of an Embedding under SGD shows a table-sized
+    ``ReadVariableOp`` before each gather).
+
+    Read from TensorFlow's graph of a fresh copy's ``apply`` on a small
+    variable (cached by configuration): SGD scatters the scaled values
+    (``(1, 0, True)``), Adam and AdamW densify twice (``(1, 2, False)``).
+    """
+    import json
+
+    import keras
+    import tensorflow as tf
+
+    config = json.dumps(optimizer.get_config(), sort_keys=True, default=str)
+    key = f"{type(optimizer).__name__}:{config}"
+    if key in _SPARSE_UPDATES:
+        return _SPARSE_UPDATES[key]
+    rows, cols, ids = 97, 3, 5
+    try:
+        copy = _fresh_copy(optimizer)
+        with tf.init_scope():
+            table = keras.Variable(tf.zeros((rows, cols)), name="table")
+            copy.build([table])
+
+        def update(values: Any, indices: Any) -> Any:
+            copy.apply([tf.IndexedSlices(values, indices, tf.constant([rows, cols]))], [table])
+            return tf.constant(0)
+
+        graph = tf.function(update, autograph=False).get_concrete_function(
+            tf.TensorSpec((ids, cols)), tf.TensorSpec((ids,), tf.int32)).graph
+    except Exception as err:  # an optimizer that cannot take IndexedSlices
+        logger.info("%s: sparse update not traced (%s); one dense copy assumed",
+                    type(optimizer).__name__, err)
+        _SPARSE_UPDATES[key] = (0, 1, False)
+        return _SPARSE_UPDATES[key]
+    made, dense, scatters = _sparse_counts(graph, (ids, cols))
+    # a conditional update (a LossScaleOptimizer's) runs in a branch function
+    branches = [_sparse_counts(fn.graph, (ids, cols))
+                for fn in getattr(graph, "_functions", {}).values()
+                if getattr(fn, "graph", None) is not None]
+    if branches:
+        extra = max(branches, key=lambda c: (c[1], c[0]))
+        made, dense = made + extra[0], dense + extra[1]
+        scatters = scatters or any(c[2] for c in branches)
+    _SPARSE_UPDATES[key] = (made, dense, scatters)
+    return made, dense, scatters
+
+
+_VIEW_TYPES = ("Identity", "Reshape", "IdentityN")
+
+
+def _sparse_counts(graph: Any, shape: tuple[int, int]) -> tuple[int, int, bool]:
+    """Values-sized buffers computed from the values (a float placeholder of
+    ``shape`` and its views), segment sums, and whether a scatter writes a
+    variable, in one graph."""
+    ops = graph.get_operations()
+    values = {t.name for op in ops if op.type == "Placeholder" for t in op.outputs
+              if t.dtype.is_floating and t.shape == shape}
+    made = dense = 0
+    scatters = any(op.type.startswith("ResourceScatter") for op in ops)
+    for op in ops:
+        reads = any(t.name in values for t in op.inputs)
+        if op.type in _VIEW_TYPES:
+            if reads:
+                values.update(t.name for t in op.outputs)
+        elif op.type == "UnsortedSegmentSum":
+            dense += 1
+        elif (reads and op.outputs and op.outputs[0].dtype.is_floating
+              and op.outputs[0].shape == shape):
+            made += 1
+    return made, dense, scatters
 
 
 def decayed_paths(optimizer: Any, variables: list[Any]) -> frozenset[str]:

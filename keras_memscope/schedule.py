@@ -134,6 +134,7 @@ class _Flat:
     saved: tuple[int, ...] = ()
     input_grads: tuple[int, ...] = ()
     weight_reads: tuple[int, ...] = ()  # weights its input gradient reads
+    sparse: tuple[int, ...] = ()  # weights whose gradient is IndexedSlices
 
 
 class _Simulator:
@@ -217,6 +218,8 @@ def simulate(
     slots: Sequence[tuple[Any, ...]] = (),
     accumulation_steps: int = 0,
     decayed: Collection[int] = (),
+    sparse_update: Callable[[int, int], Sequence[int]] | None = None,
+    copy_on_read: bool = False,
 ) -> StepResult:
     """Simulate a warm-up step and a measured step; see the module docstring.
 
@@ -233,6 +236,14 @@ def simulate(
     its buffer's sharers (see ``optimizers.Slot``); the others are made
     before the warm-up step. A fourth element, True, marks a gradient
     accumulator.
+
+    ``sparse_update(values_bytes, table_bytes)`` gives the allocations an
+    optimizer update makes for a weight whose gradient is ``IndexedSlices``
+    (``Prim.sparse_grad``, read by that one op), alive together before its
+    usual update; None: such gradients are written table-sized. With
+    ``copy_on_read`` that update scatters into the variable, after which
+    TensorFlow copies the variable at every read: each op reading it in the
+    next step has a copy of it while it runs.
 
     With ``accumulation_steps`` = k > 1 (Keras' ``gradient_accumulation_steps``)
     only every k-th step updates; the others accumulate. An accumulating step
@@ -344,6 +355,14 @@ def simulate(
             for t in wants:
                 grad_pending0[t] += 1
     copy_on_write.difference_update(decayed)  # already a copy of its own
+    # A gather's weight gradient is IndexedSlices whose values are the output
+    # gradient: nothing is written, the update densifies it. Where several
+    # ops read the weight its parts are summed densely, and accumulators
+    # hold dense sums: those stay table-sized.
+    sparse_weights = ({t for f in flats if f.needs_backward for t in f.sparse
+                       if t in f.input_grads and grad_pending0[t] == 1}
+                      if sparse_update is not None and accumulation_steps <= 1 else set())
+    read_copied = sparse_weights if copy_on_read else set()
     costs = _costs(flats, tensor_bytes, weight_of, set(region_of))
     times = ([backward_time(c) for c in costs]
              if backward_time is not None and weight_grad_lag > 0 else None)
@@ -434,6 +453,7 @@ def simulate(
         nonlocal saved_total
         holders: dict[int, int] = defaultdict(int, holders0)
         grad_pending: dict[int, int] = defaultdict(int, grad_pending0)
+        sparse_grads: set[int] = set()  # gradient buffers that are IndexedSlices values
         buffer_of: dict[int, int] = {}
         layer_saved.clear()
         layer_workspace.clear()
@@ -459,6 +479,9 @@ def simulate(
             op, p = f.op, f.prim
             pieces = dict(p.output_pieces)
             refs_out = [r for r, _ in p.outputs]
+            # a variable in copy-on-read mode is copied by its read
+            read_copies = [sim.alloc(tensor_bytes[t], op.name, WORKSPACE)
+                           for t in f.ins if t in read_copied]
             for i, (t, nbytes) in enumerate(zip(f.outs, (b for _, b in p.outputs))):
                 if i == 0 and p.alias and f.ins and f.ins[0] in buffer_of:
                     attach(t, buffer_of[f.ins[0]])
@@ -484,6 +507,8 @@ def simulate(
                         continue
                 attach(t, sim.alloc(nbytes, op.name, ACTIVATION, pieces.get(refs_out[i], 1)))
             sim.check(phase)
+            for bid in read_copies:
+                sim.free(bid)
             if p.forward_workspace_bytes:
                 ws = sim.alloc(p.forward_workspace_bytes, op.name, WORKSPACE)
                 layer_workspace[op.index] = max(
@@ -576,7 +601,19 @@ def simulate(
                 # step's start, not 12)
                 release_accumulator(key)
                 accumulator[key] = ("zeros",)
-            ws_bytes = update_workspace(sim.buffers[bid].nbytes)
+            nbytes = sim.buffers[bid].nbytes
+            if bid in sparse_grads and sparse_update is not None:
+                # the optimizer's code densifies the IndexedSlices (a
+                # segment sum per use) and computes on its values, all alive
+                # with the values (allocator trace of an Embedding under Adam)
+                sparse_grads.discard(bid)
+                made = [sim.alloc(n, weight_layer[key], UPDATE)
+                        for n in sparse_update(nbytes, weight_bytes[key]) if n]
+                sim.check("update")
+                for b in made:
+                    sim.free(b)
+                nbytes = weight_bytes[key]
+            ws_bytes = update_workspace(nbytes)
             ws = sim.alloc(ws_bytes, weight_layer[key], UPDATE) if ws_bytes else None
             for nbytes, share_key in first_write.pop(key, ()):
                 # a slot still sharing its starting buffer is written into its own
@@ -700,6 +737,13 @@ def simulate(
 
         def start_job(job: _Job, with_workspace: bool = True) -> None:
             for t in job.weights:
+                if t in sparse_weights and job.out_grads:
+                    # IndexedSlices: the values are the output gradient
+                    bid = job.out_grads.pop(0)
+                    sim.buffers[bid].layer = job.flat.op.name
+                    sparse_grads.add(bid)
+                    partial[t].append(bid)
+                    continue
                 partial[t].append(sim.alloc(tensor_bytes[t], job.flat.op.name, GRADIENT))
             if with_workspace:
                 job.workspace = workspace(job.flat, job.weights)
@@ -964,7 +1008,8 @@ def _flatten(
                 outs.append(t)
             grad_ins = tuple(refs[r] for r in p.grad_inputs())
             flats.append(
-                _Flat(op=op, prim=p, ins=tuple(ins), outs=tuple(outs), grad_ins=grad_ins)
+                _Flat(op=op, prim=p, ins=tuple(ins), outs=tuple(outs), grad_ins=grad_ins,
+                      sparse=tuple(refs[r] for r in p.sparse_grad if r in refs))
             )
     weight_of = {t: key for key, t in weight_tensor.items()}
     return flats, tensor_bytes, weight_of

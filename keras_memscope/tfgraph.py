@@ -321,6 +321,17 @@ def _trace(call: CallRecord, xla_buffers: bool = True) -> list[Prim]:
                      xla_buffers)
 
 
+def _gathers_rows(op: Any) -> bool:
+    """A gather of whole rows (axis 0, no batch dimensions), whose gradient
+    with respect to the table TensorFlow returns as IndexedSlices."""
+    import tensorflow as tf
+
+    if op.type != "GatherV2" or len(op.inputs) < 3:
+        return False
+    axis = tf.get_static_value(op.inputs[2])
+    return axis is not None and int(axis) == 0 and op.get_attr("batch_dims") == 0
+
+
 def _run(graph: Any, backward: list[Any]) -> list[Any]:
     """The gradient ops TensorFlow runs: those the returned gradients depend
     on (and stateful ones); the function runtime prunes the rest. A custom
@@ -431,8 +442,11 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             upcast = matmul_upcast(op.outputs[0].dtype.name,
                                    (ref[a.name], _elements(a)), (ref[b.name], _elements(b)),
                                    _elements(op.outputs[0]))
+        # a gather's gradient with respect to its table is IndexedSlices
+        sparse = ([ref[op.inputs[0].name]] if _gathers_rows(op)
+                  and ref.get(op.inputs[0].name, "").startswith("w#") else [])
         prims.append(prim(
-            op.type, inputs, outputs, save=list(dict.fromkeys(keep)),
+            op.type, inputs, outputs, save=list(dict.fromkeys(keep)), sparse_grad=sparse,
             differentiable=list(dict.fromkeys(grad_inputs)),
             alias=is_view and bool(inputs),
             # an element-wise kernel may write into any input of its size

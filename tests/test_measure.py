@@ -152,6 +152,52 @@ def test_weight_decay_copies_the_weights_gradients_still_read():
     assert middle in copies and last in copies, copies
 
 
+SPARSE = r"""
+import glob, json, sys, tempfile
+import numpy as np, keras, tensorflow as tf
+from keras_memscope.measure import _xspace_events
+model = keras.Sequential([keras.Input((200,), dtype="int32"), keras.layers.Embedding(20000, 64),
+                          keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(10)])
+model.compile(optimizer=sys.argv[1], loss="sparse_categorical_crossentropy")
+x, y = tf.constant(np.ones((64, 200), "int32")), tf.constant(np.zeros((64,), "int32"))
+model.train_on_batch(x, y)
+logdir = tempfile.mkdtemp()
+tf.profiler.experimental.start(logdir)
+model.train_on_batch(x, y)
+tf.profiler.experimental.stop()
+path = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)[0]
+events = _xspace_events(path, ("MemoryAllocation",))
+print(json.dumps([[s.get("tf_op", ""), s.get("requested_bytes", 0)] for _, s in events]))
+"""
+
+
+@pytest.mark.parametrize("optimizer, tables", [("adam", 2), ("sgd", 0)])
+def test_embedding_gradient_is_densified_only_by_the_update(optimizer, tables):
+    """What ``Prim.sparse_grad`` and ``optimizers.sparse_update`` model: an
+    Embedding's gradient is IndexedSlices, the output gradient's 64 x 200
+    rows, and no table-sized tensor exists until the optimizer's update,
+    which under Adam densifies it once per moment (a segment sum each) and
+    under SGD scatters it, after which each read of the table is a copy;
+    the traced counts say the same."""
+    from keras_memscope import optimizers
+
+    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run([sys.executable, "-c", SPARSE, optimizer], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    events = json.loads(proc.stdout.strip().splitlines()[-1])
+    table = 20000 * 64 * 4
+    made = [op for op, n in events if n == table]
+    densified = [op for op in made if "UnsortedSegmentSum" in op]
+    assert len(densified) == tables and all(op.startswith(optimizer) for op in densified)
+    # a scatter leaves the variable in copy-on-read mode: the next read copies it
+    copies = [op for op in made if op.endswith("GatherV2/ReadVariableOp")]
+    assert len(copies) == (tables == 0), made
+    assert len(made) == len(densified) + len(copies) + 2 * (tables > 0), made  # Mul, Sqrt
+    opt = keras.optimizers.get(optimizer)
+    assert optimizers.sparse_update(opt)[1:] == (tables, tables == 0)
+
+
 ACCUMULATORS = r"""
 import json
 import keras, tensorflow as tf

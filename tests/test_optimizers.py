@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import keras_memscope as memscope
+from keras_memscope import optimizers
 from keras_memscope.units import dtype_bytes, round_up
 
 
@@ -158,3 +159,26 @@ def test_weight_decay_copies_held_until_the_backward_reads_them():
     # under Adam, which the copy fills under AdamW)
     held_bytes = est.peak_bytes - est.allocator_bytes
     assert held_bytes - (plain.peak_bytes - plain.allocator_bytes) >= kernel
+
+
+def test_embedding_gradient_held_as_its_rows_and_densified_by_the_update():
+    """An Embedding's gradient is the output gradient (IndexedSlices, one
+    row per looked-up id), under both methods: the peak grows with the batch,
+    and Adam's update holds two table-sized segment sums and the Square of the
+    values beside them (traced: ``optimizers.sparse_update``)."""
+    assert optimizers.sparse_update(keras.optimizers.Adam()) == (1, 2, False)
+    assert optimizers.sparse_update(keras.optimizers.SGD()) == (1, 0, True)
+    model = keras.Sequential([keras.Input((200,), dtype="int32"),
+                              keras.layers.Embedding(20000, 64, name="emb"),
+                              keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(10)])
+    table, values = 20000 * 64 * 4, 64 * 200 * 64 * 4
+    for method in ("graph", "rules"):
+        est = memscope.estimate(model, 64, optimizer="adam", device="cpu", method=method)
+        held = {h.kind: h.bytes for h in est.peak_holders if h.layer == "emb"}
+        assert est.peak_phase == "update", method
+        assert held["gradient"] == values, (method, held)
+        assert held["optimizer update"] == 2 * table + values, (method, held)
+        small = memscope.estimate(model, 1, optimizer="sgd", device="cpu", method=method)
+        large = memscope.estimate(model, 64, optimizer="sgd", device="cpu", method=method)
+        assert large.gradients_bytes < table  # never a table-sized gradient
+        assert large.peak_bytes > small.peak_bytes

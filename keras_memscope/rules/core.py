@@ -114,8 +114,9 @@ def einsum_dense(call: CallRecord) -> list[Prim]:
 
 @register(keras.layers.Embedding)
 def embedding(call: CallRecord) -> list[Prim]:
-    """Embedding: a gather. Its gradient arrives as IndexedSlices (one row per
-    looked-up id) that TensorFlow densifies into a table-sized gradient."""
+    """Embedding: a gather. Its gradient is IndexedSlices, one row per
+    looked-up id: the output gradient itself, which the optimizer's update
+    densifies as its code does (``optimizers.sparse_update``)."""
     b = Builder(call)
     out = call.outputs[0]
     table = weight_ref(call, "embeddings")
@@ -123,7 +124,7 @@ def embedding(call: CallRecord) -> list[Prim]:
         return fallback(call)
     t = read_weight(b, table, compute_dtype(call))
     z = b.add1("gather", ["in0", t], out.nbytes, differentiable=[t],
-               backward_workspace_bytes=out.nbytes)
+               sparse_grad=[t] if t == table else [])
     return b.finish([z])
 
 
