@@ -106,8 +106,9 @@ def main() -> int:
     methods = ("graph", "rules")
     print("| model | batch | remedy | measured MiB (before -> after) | saving measured "
           "| between processes | "
-          + " | ".join(f"{m} saving | {m} error" for m in methods) + " |")
-    print("|---|---|---|---|---|---|" + "---|---|" * len(methods))
+          + " | ".join(f"{m} MiB (before -> after) | {m} saving | {m} error"
+                       for m in methods) + " |")
+    print("|---|---|---|---|---|---|" + "---|---|---|" * len(methods))
     errors: dict[str, list[float]] = {m: [] for m in methods}
     for name, batch, title, change in CASES:
         base_all = measured(_spec(name, batch, {}), cache)
@@ -130,7 +131,8 @@ def main() -> int:
             saved_e = base_e.peak_bytes - rem_e.peak_bytes
             err = (saved_e - saved_m) / saved_m if saved_m else float("nan")
             errors[method].append(abs(err))
-            cells.append(f"{saved_e / mib:.0f} MiB | {err:+.0%}")
+            cells.append(f"{base_e.peak_bytes / mib:.0f} -> {rem_e.peak_bytes / mib:.0f} | "
+                         f"{saved_e / mib:.0f} MiB | {err:+.0%}")
         print(f"| {name} | {batch} | {title} | {base_m / mib:.0f} -> {rem_m / mib:.0f} | "
               f"{saved_m / mib:.0f} MiB | {low / mib:.0f}-{high / mib:.0f} MiB | "
               + " | ".join(cells) + " |", flush=True)
