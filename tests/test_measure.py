@@ -112,22 +112,37 @@ def test_optimizer_slots_start_shared_and_are_copied_at_first_update():
     assert second == 0
 
 
-WEIGHT_DECAY = r"""
-import glob, json, tempfile
+PROFILED_STEP = r"""
+import glob, json, sys, tempfile
 import numpy as np, keras, tensorflow as tf
 from keras_memscope.measure import _xspace_events
-model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(512, activation="relu"),
-                          keras.layers.Dense(512, activation="relu"), keras.layers.Dense(10)])
-model.compile(optimizer=keras.optimizers.AdamW(), loss="sparse_categorical_crossentropy")
-x, y = tf.constant(np.ones((64, 256), "float32")), tf.constant(np.zeros((64,), "int32"))
+{model}
 model.train_on_batch(x, y)
 logdir = tempfile.mkdtemp()
 tf.profiler.experimental.start(logdir)
 model.train_on_batch(x, y)
 tf.profiler.experimental.stop()
-path = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)[0]
+path = glob.glob(f"{{logdir}}/**/*.xplane.pb", recursive=True)[0]
 events = _xspace_events(path, ("MemoryAllocation",))
 print(json.dumps([[s.get("tf_op", ""), s.get("requested_bytes", 0)] for _, s in events]))
+"""
+
+
+def _profiled_allocations(model_code: str, *args: str) -> list:
+    """[op, requested bytes] of every allocation in one profiled training
+    step (after a first), in a fresh process with the BFC allocator."""
+    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run([sys.executable, "-c", PROFILED_STEP.format(model=model_code), *args],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+WEIGHT_DECAY = r"""
+model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(512, activation="relu"),
+                          keras.layers.Dense(512, activation="relu"), keras.layers.Dense(10)])
+model.compile(optimizer=keras.optimizers.AdamW(), loss="sparse_categorical_crossentropy")
+x, y = tf.constant(np.ones((64, 256), "float32")), tf.constant(np.zeros((64,), "int32"))
 """
 
 
@@ -139,11 +154,7 @@ def test_weight_decay_copies_the_weights_gradients_still_read():
     the kernels an input gradient still reads. The first layer's kernel is
     copied when the decay runs before the forward pass has used it, which
     varies from run to run; the schedule assumes it does."""
-    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run([sys.executable, "-c", WEIGHT_DECAY], capture_output=True,
-                          text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    events = json.loads(proc.stdout.strip().splitlines()[-1])
+    events = _profiled_allocations(WEIGHT_DECAY)
     first_gradient = next(i for i, (op, _) in enumerate(events) if "gradient_tape" in op)
     first, middle, last = 256 * 512 * 4, 512 * 512 * 4, 512 * 10 * 4
     products = {n for op, n in events[:first_gradient] if op.startswith("adam_w/mul")}
@@ -153,21 +164,10 @@ def test_weight_decay_copies_the_weights_gradients_still_read():
 
 
 SPARSE = r"""
-import glob, json, sys, tempfile
-import numpy as np, keras, tensorflow as tf
-from keras_memscope.measure import _xspace_events
 model = keras.Sequential([keras.Input((200,), dtype="int32"), keras.layers.Embedding(20000, 64),
                           keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(10)])
 model.compile(optimizer=sys.argv[1], loss="sparse_categorical_crossentropy")
 x, y = tf.constant(np.ones((64, 200), "int32")), tf.constant(np.zeros((64,), "int32"))
-model.train_on_batch(x, y)
-logdir = tempfile.mkdtemp()
-tf.profiler.experimental.start(logdir)
-model.train_on_batch(x, y)
-tf.profiler.experimental.stop()
-path = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)[0]
-events = _xspace_events(path, ("MemoryAllocation",))
-print(json.dumps([[s.get("tf_op", ""), s.get("requested_bytes", 0)] for _, s in events]))
 """
 
 
@@ -181,11 +181,7 @@ def test_embedding_gradient_is_densified_only_by_the_update(optimizer, tables):
     the traced counts say the same."""
     from keras_memscope import optimizers
 
-    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run([sys.executable, "-c", SPARSE, optimizer], capture_output=True,
-                          text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    events = json.loads(proc.stdout.strip().splitlines()[-1])
+    events = _profiled_allocations(SPARSE, optimizer)
     table = 20000 * 64 * 4
     made = [op for op, n in events if n == table]
     densified = [op for op in made if "UnsortedSegmentSum" in op]
