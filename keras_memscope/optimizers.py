@@ -340,13 +340,12 @@ def sparse_update(optimizer: Any) -> tuple[int, int, bool]:
     return made, dense, scatters
 
 
-_VIEW_TYPES = ("Identity", "Reshape", "IdentityN")
-
-
 def _sparse_counts(graph: Any, shape: tuple[int, int]) -> tuple[int, int, bool]:
     """Values-sized buffers computed from the values (a float placeholder of
     ``shape`` and its views), segment sums, and whether a scatter writes a
     variable, in one graph."""
+    from .tfgraph import VIEW_OPS
+
     ops = graph.get_operations()
     values = {t.name for op in ops if op.type == "Placeholder" for t in op.outputs
               if t.dtype.is_floating and t.shape == shape}
@@ -354,7 +353,7 @@ def _sparse_counts(graph: Any, shape: tuple[int, int]) -> tuple[int, int, bool]:
     scatters = any(op.type.startswith("ResourceScatter") for op in ops)
     for op in ops:
         reads = any(t.name in values for t in op.inputs)
-        if op.type in _VIEW_TYPES:
+        if op.type in VIEW_OPS:
             if reads:
                 values.update(t.name for t in op.outputs)
         elif op.type == "UnsortedSegmentSum":
