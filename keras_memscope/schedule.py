@@ -276,14 +276,17 @@ def simulate(
 
     ``decayed`` lists the weights the optimizer decays (Keras'
     ``weight_decay``). TensorFlow's ``variable.assign_sub(variable * wd * lr)``
-    depends only on the forward pass's read of the variable, so it runs at
+    depends only on the forward pass's read of the variable, so it can run at
     the start of the step while that read is still held (by its forward
-    reader, and by the gradient that keeps the weight): it writes the decayed
-    value into a copy, which becomes the variable's storage, and the old
-    buffer goes with its last reader (allocator traces of ConvNeXt-Tiny and
-    of an MLP under AdamW: an ``AssignSubVariableOp`` allocation beside each
-    decay product, before the first gradient op). The update that follows
-    then writes into a buffer no one else reads.
+    reader, and by the gradient that keeps the weight): it then writes the
+    decayed value into a copy, which becomes the variable's storage, and the
+    old buffer goes with its last reader (allocator traces of ConvNeXt-Tiny
+    and of an MLP under AdamW: an ``AssignSubVariableOp`` allocation beside
+    a decay product). When it runs varies from process to process (in the
+    MLP every decay before the first gradient op in 12 of 15 processes; a
+    decay after its weight's last reader writes in place), so the schedule
+    takes the earliest order, the highest: a copy of every decayed weight.
+    The update that follows then writes into a buffer no one else reads.
 
     With ``worst_case`` a prim's input gradient also holds its
     ``backlog_parts`` (a recurrent loop that ran ahead of its weight-gradient
