@@ -4,7 +4,8 @@ Each configuration is measured in fresh processes with the BFC allocator on
 (``keras_memscope.measure``; method in the module docstring), ``--processes``
 times, and the band of per-process maxima is recorded. Measurements are cached
 in ``benchmarks/results/measured_cpu.json`` (with the TensorFlow and Keras
-versions) and re-used unless ``--remeasure``; estimates are always recomputed.
+versions and the machine: ``benchmarks.machine``) and re-used on the same
+versions and machine unless ``--remeasure``; estimates are always recomputed.
 
     python -m benchmarks.accuracy                 # the zoo
     python -m benchmarks.accuracy --held-out      # models nobody tuned for
@@ -137,14 +138,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         configs = [c for c in configs if c[0] in args.only]
     cache = load_cache()
+    from benchmarks import machine
+
     versions = {"tensorflow": tf.__version__, "keras": keras.__version__}
+    here = machine.facts()
+    print(f"machine: {machine.describe(here)}", flush=True)
     rows = []
     for model, batch, opt in configs:
         key = _key(model, batch, opt)
-        if args.remeasure or key not in cache or cache[key].get("versions") != versions:
+        entry = cache.get(key, {})
+        if (args.remeasure or entry.get("versions") != versions
+                or entry.get("machine") != here):
             print(f"measuring {key} ...", file=sys.stderr, flush=True)
             cache[key] = {**measure_config(model, batch, opt, args.processes),
-                          "versions": versions}
+                          "versions": versions, "machine": here}
             RESULTS.mkdir(exist_ok=True)
             CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True))
         runs = cache[key]["runs"]

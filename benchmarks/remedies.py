@@ -1,11 +1,13 @@
 """Predicted against measured saving of each remedy, on this CPU.
 
 For each model, the baseline training step and the step with one remedy are
-measured (fresh processes, BFC allocator, the highest of 3 processes' maxima)
-and estimated (``memscope.whatif``). The saving is baseline minus remedy; the
-error is (predicted saving - measured saving) / measured saving. The range
-"between processes" is the saving any pair of measuring processes shows
-(lowest baseline minus highest remedy, to highest minus lowest).
+measured (fresh processes, BFC allocator, the highest of 3 processes' maxima;
+cached with the machine they were taken on, ``benchmarks.machine``, and
+measured again on another) and estimated (``memscope.whatif``). The saving
+is baseline minus remedy; the error is (predicted saving - measured saving)
+/ measured saving. The range "between processes" is the saving any pair of
+measuring processes shows (lowest baseline minus highest remedy, to highest
+minus lowest).
 
     python -m benchmarks.remedies
 """
@@ -86,23 +88,27 @@ def _spec(name: str, batch: int, change: dict) -> dict:
 
 def measured(spec: dict, cache: dict, processes: int = 3) -> list[int]:
     """The per-process maxima of the configuration's training steps."""
+    from benchmarks import machine
     from keras_memscope.measure import measure_subprocess
 
     key = json.dumps(spec, sort_keys=True)
-    if key not in cache:
-        cache[key] = [max(measure_subprocess(spec)["step_peak_bytes"])
-                      for _ in range(processes)]
+    here = machine.facts()
+    entry = cache.get(key)
+    if not isinstance(entry, dict) or entry.get("machine") != here:
+        cache[key] = {"maxima": [max(measure_subprocess(spec)["step_peak_bytes"])
+                                 for _ in range(processes)], "machine": here}
         CACHE.parent.mkdir(exist_ok=True)
         CACHE.write_text(json.dumps(cache, indent=1))
-    return cache[key]
+    return cache[key]["maxima"]
 
 
 def main() -> int:
     import keras_memscope as memscope
-    from benchmarks import zoo
+    from benchmarks import machine, zoo
 
     cache = json.loads(CACHE.read_text()) if CACHE.exists() else {}
     mib = 2**20
+    print(f"machine: {machine.describe(machine.facts())}\n", flush=True)
     methods = ("graph", "rules")
     print("| model | batch | remedy | measured MiB (before -> after) | saving measured "
           "| between processes | "

@@ -149,7 +149,6 @@ def measure_subprocess(spec: dict[str, Any], *, timeout_s: float = 1800,
     env[ENV_BFC] = "true"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     env.setdefault("KERAS_BACKEND", "tensorflow")
-    env.pop("TF_ENABLE_ONEDNN_OPTS", None)
     proc = subprocess.run(
         [sys.executable, "-c", "from keras_memscope.measure import _worker_main; _worker_main()"],
         input=json.dumps(spec), capture_output=True, text=True, env=env, timeout=timeout_s,

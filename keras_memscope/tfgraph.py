@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import xla
+from .devices import cpu_uses_onednn
 from .graph import CallRecord
 from .ir import Prim, matmul_upcast, prim
 from .units import DTYPE_BYTES
@@ -422,6 +423,13 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             filt, _ = _col_buffers(op, op.inputs[2], op.inputs[1])
             workspace_for = {ref[op.inputs[1].name]: filt}
         bwd_ws = _bytes(op.outputs[0]) if op.type == "MaxPool" else 0  # MaxPoolGrad's temp
+        if op.type == "MaxPool" and cpu_uses_onednn() and outputs:
+            # oneDNN's max pooling: one byte per output element, kept for
+            # the gradient instead of its temporary
+            bwd_ws = 0
+            outputs.append((f"t{n}", _elements(op.outputs[0])))
+            keep.append(f"t{n}")
+            n += 1
         fwd_ws = 0
         if op.type == "Einsum" and all(x.shape.is_fully_defined() for x in op.inputs):
             fwd_ws = einsum_workspace(op.get_attr("equation").decode(),

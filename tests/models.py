@@ -87,6 +87,16 @@ def small_cnn() -> keras.Model:
     ], name="small_cnn")
 
 
+def pooled_cnn() -> keras.Model:
+    """Two convolutions, each followed by max pooling (32 x 32 x 3 inputs)."""
+    return keras.Sequential([
+        keras.Input((32, 32, 3)),
+        layers.Conv2D(32, 3, activation="relu"), layers.MaxPooling2D(),
+        layers.Conv2D(64, 3, activation="relu"), layers.MaxPooling2D(),
+        layers.Flatten(), layers.Dense(128, activation="relu"), layers.Dense(10),
+    ], name="pooled_cnn")
+
+
 def frozen_backbone() -> keras.Model:
     backbone = keras.Sequential([keras.Input((16, 16, 3)), layers.Conv2D(8, 3, activation="relu"),
                                  layers.BatchNormalization(), layers.Conv2D(8, 3)],

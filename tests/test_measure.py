@@ -316,6 +316,37 @@ def test_convolution_at_batch_one_against_measurement():
         est.peak_bytes, measured.step_peak_bytes)
 
 
+ESTIMATE_POOLED_CNN = r"""
+import json
+import keras_memscope as memscope
+from keras_memscope.devices import cpu_uses_onednn
+from tests.models import pooled_cnn
+est = memscope.estimate(pooled_cnn(), 32, optimizer="sgd", device="cpu")
+print(json.dumps([cpu_uses_onednn(), est.peak_bytes]))
+"""
+
+
+@pytest.mark.parametrize("onednn", ["0", "1"])
+def test_convolution_kernels_with_and_without_onednn(onednn, monkeypatch):
+    """TensorFlow runs oneDNN's kernels on some CPUs and not on others
+    (``TF_ENABLE_ONEDNN_OPTS`` decides where set): the convolution gradients'
+    column buffers exist only without them (about 60 MiB of this step's 74),
+    and oneDNN's max pooling keeps a workspace. The estimate follows the
+    setting of the process it runs in."""
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", onednn)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run([sys.executable, "-c", ESTIMATE_POOLED_CNN], capture_output=True,
+                          text=True, env=env, timeout=300, cwd=os.path.dirname(__file__) + "/..")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    uses_onednn, estimated = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert uses_onednn == (onednn == "1")
+    from .models import pooled_cnn
+
+    measured = memscope.measure(pooled_cnn(), 32, optimizer="sgd", steps=3, device="cpu")
+    assert abs(estimated - measured.peak_bytes) <= 0.10 * measured.peak_bytes, (
+        estimated, measured.step_peak_bytes)
+
+
 def test_measure_a_model_with_named_outputs_and_a_loss_per_output():
     """Targets follow the outputs' names and each output's loss (class indices
     for a sparse cross-entropy); the losses travel item by item."""

@@ -69,9 +69,14 @@ def col_buffers(out_shape: tuple[int, ...], kernel_shape: tuple[int, ...],
     cache. The filter gradient's buffer is the full shard at any batch, 1
     included (allocator traces: [1112, 196, 27] for a 16 x 16 x 3 image at
     batch 1, [6, 4096, 288] for a 64 x 64 x 32 one at batches 1 and 2): it
-    does not shrink with the batch.
+    does not shrink with the batch. Where TensorFlow runs oneDNN's kernels
+    instead (:func:`~keras_memscope.devices.cpu_uses_onednn`) there is no
+    column buffer: (0, 0).
     """
-    from ..devices import cpu_cache_facts
+    from ..devices import cpu_cache_facts, cpu_uses_onednn
+
+    if cpu_uses_onednn():
+        return 0, 0
 
     spatial = out_shape[2:] if data_format == "channels_first" else out_shape[1:-1]
     batch = out_shape[0]

@@ -29,12 +29,22 @@ def _window(call: CallRecord) -> int:
 @register(*_MAX)
 def max_pool(call: CallRecord) -> list[Prim]:
     """MaxPooling: keeps input and output; TensorFlow's MaxPoolGrad also
-    allocates a temporary the size of the pooled output. FLOPs: one compare
+    allocates a temporary the size of the pooled output (with oneDNN's
+    kernels: a saved workspace of one byte per output element instead). FLOPs: one compare
     per window element of every output."""
+    from ..devices import cpu_uses_onednn
+
     b = Builder(call)
-    z = b.add1("max_pool", ["in0"], call.outputs[0].nbytes, save_for={"in0": ("in0", OUT)},
-               flops=math.prod(call.outputs[0].shape) * _window(call),
-               backward_workspace_bytes=call.outputs[0].nbytes)
+    out = call.outputs[0]
+    flops = math.prod(out.shape) * _window(call)
+    if cpu_uses_onednn():
+        # oneDNN's max pooling keeps one byte per output element for its
+        # gradient, which then needs no temporary
+        z, ws = b.add("max_pool", ["in0"], [out.nbytes, math.prod(out.shape)], flops=flops)
+        b.prims[-1] = Prim(**{**b.prims[-1].__dict__, "save_for": (("in0", ("in0", z, ws)),)})
+        return b.finish([z])
+    z = b.add1("max_pool", ["in0"], out.nbytes, save_for={"in0": ("in0", OUT)},
+               flops=flops, backward_workspace_bytes=out.nbytes)
     return b.finish([z])
 
 

@@ -1,0 +1,34 @@
+"""The machine a measurement was taken on.
+
+TensorFlow's CPU kernels size some of their buffers from the CPU (the
+convolution gradients' column buffers from its L2 cache, the thread pools
+from its cores), and the estimate reads the same facts
+(``keras_memscope.devices.cpu_cache_facts``), so a measurement stands only
+for the machine it was taken on: the measurement caches keep these facts
+beside each entry and measure again on another machine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def facts() -> dict:
+    """This machine's CPU model, L2 cache bytes per core and CPU threads."""
+    from keras_memscope.devices import cpu_cache_facts
+
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    l2, threads = cpu_cache_facts()
+    return {"cpu": cpu, "l2_bytes": l2, "threads": threads}
+
+
+def describe(machine: dict) -> str:
+    return (f"{machine['cpu']}, L2 {machine['l2_bytes'] // 1024} KiB per core, "
+            f"{machine['threads']} threads")
