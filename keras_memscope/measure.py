@@ -141,6 +141,16 @@ def _worker_main() -> None:
     json.dump(result, sys.stdout)
 
 
+class MeasurementKilled(RuntimeError):
+    """The measuring process died by a signal (``signal``): under an
+    allocator limit, what oneDNN's kernels do when the allocator refuses
+    them (SIGSEGV where TensorFlow's own kernels raise ResourceExhausted)."""
+
+    def __init__(self, message: str, signal: int) -> None:
+        super().__init__(message)
+        self.signal = signal
+
+
 def measure_subprocess(spec: dict[str, Any], *, timeout_s: float = 1800,
                        extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run one measurement spec in a fresh process with the BFC allocator on."""
@@ -153,6 +163,9 @@ def measure_subprocess(spec: dict[str, Any], *, timeout_s: float = 1800,
         [sys.executable, "-c", "from keras_memscope.measure import _worker_main; _worker_main()"],
         input=json.dumps(spec), capture_output=True, text=True, env=env, timeout=timeout_s,
     )
+    if proc.returncode < 0:
+        raise MeasurementKilled(
+            f"measurement process was killed by signal {-proc.returncode}", -proc.returncode)
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-5:]
         raise RuntimeError("measurement process failed:\n" + "\n".join(tail))

@@ -384,7 +384,7 @@ def trial_step(model: Any, batch_size: int, limit: int, profile: DeviceProfile,
     ``"fits"`` or ``"out of memory"``."""
     import keras
 
-    from .measure import measure_subprocess
+    from .measure import MeasurementKilled, measure_subprocess
 
     if profile.kind != "cpu":
         raise ValueError("verify=True runs real training steps on this machine's CPU with "
@@ -400,6 +400,12 @@ def trial_step(model: Any, batch_size: int, limit: int, profile: DeviceProfile,
     env = {"TF_CPU_BFC_MEM_LIMIT_IN_MB": str(max(1, limit // (1 << 20)))}
     try:
         measure_subprocess(spec, extra_env=env)
+    except MeasurementKilled:
+        # oneDNN's kernels crash (SIGSEGV) when the allocator refuses them
+        # under the limit, where TensorFlow's own raise ResourceExhausted
+        # (the zoo's CNN at batch 400 under 128 MiB: killed by SIGSEGV; with
+        # TF_ENABLE_ONEDNN_OPTS=0 ResourceExhausted; without the limit it runs)
+        return "out of memory"
     except RuntimeError as exc:
         text = str(exc)
         if "ResourceExhausted" in text or "OOM" in text or "out of memory" in text.lower():

@@ -92,6 +92,20 @@ def test_verify_on_the_cpu_under_a_real_limit():
     assert result.halving_trials == binsearch_trials(result.verified)
 
 
+@pytest.mark.parametrize("onednn", ["0", "1"])
+def test_a_trial_step_over_its_limit_is_out_of_memory(onednn, monkeypatch):
+    """Over the allocator limit TensorFlow's own kernels raise
+    ResourceExhausted and oneDNN's crash the process (SIGSEGV): both mean
+    the batch does not fit, and neither may end ``verify=True`` with an
+    error (it did, with oneDNN's kernels). 59 MiB of activations under 16."""
+    from .models import pooled_cnn
+
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", onednn)
+    cpu = devices.get_device("cpu")
+    assert planning.trial_step(pooled_cnn(), 512, 16 << 20, cpu, {}) == "out of memory"
+    assert planning.trial_step(pooled_cnn(), 2, 256 << 20, cpu, {}) == "fits"
+
+
 def test_binsearch_trials_by_hand():
     # largest 5: 2 ok, 4 ok, 8 fails (3), then 6 fails, 5 ok (5)
     assert binsearch_trials(5) == 5
