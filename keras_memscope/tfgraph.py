@@ -554,6 +554,12 @@ def _backward_intermediates_peak(backward: list[Any], graph: Any,
     final = {t.name for t in graph.outputs}
     final |= {t.name for op in graph.get_operations() if op.type == "Identity"
               for t in op.inputs if any(o.name in final for o in op.outputs)}
+    # a gradient handed back as a view of another tensor (Conv1D's filter and
+    # input gradients, 4-D, reshaped to 3-D) is that tensor's buffer
+    for op in reversed(backward):
+        if (op.type in VIEW_OPS and op.inputs
+                and any(o.name in final for o in op.outputs)):
+            final.add(op.inputs[0].name)
     summed = {t.name for op in backward if op.type == "AddN" for t in op.inputs}
     readers: dict[str, int] = {}
     for op in backward:
