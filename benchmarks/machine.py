@@ -2,8 +2,9 @@
 
 TensorFlow's CPU kernels size some of their buffers from the CPU (the
 convolution gradients' column buffers from its L2 cache, the thread pools
-from its cores), and the estimate reads the same facts
-(``keras_memscope.devices.cpu_cache_facts``), so a measurement stands only
+from its cores), it runs oneDNN's kernels instead on some CPUs (which have
+no column buffers), and the estimate reads the same facts
+(``keras_memscope.devices.cpu_cache_facts``, ``cpu_uses_onednn``), so a measurement stands only
 for the machine it was taken on: the measurement caches keep these facts
 beside each entry and measure again on another machine.
 """
@@ -14,8 +15,10 @@ from pathlib import Path
 
 
 def facts() -> dict:
-    """This machine's CPU model, L2 cache bytes per core and CPU threads."""
-    from keras_memscope.devices import cpu_cache_facts
+    """This machine's CPU model, L2 cache bytes per core, CPU threads, and
+    whether TensorFlow runs oneDNN's kernels on it (its default for the CPU,
+    or ``TF_ENABLE_ONEDNN_OPTS``)."""
+    from keras_memscope.devices import cpu_cache_facts, cpu_uses_onednn
 
     cpu = "unknown"
     try:
@@ -26,9 +29,10 @@ def facts() -> dict:
     except OSError:
         pass
     l2, threads = cpu_cache_facts()
-    return {"cpu": cpu, "l2_bytes": l2, "threads": threads}
+    return {"cpu": cpu, "l2_bytes": l2, "threads": threads, "onednn": cpu_uses_onednn()}
 
 
 def describe(machine: dict) -> str:
     return (f"{machine['cpu']}, L2 {machine['l2_bytes'] // 1024} KiB per core, "
-            f"{machine['threads']} threads")
+            f"{machine['threads']} threads, "
+            f"{'oneDNN' if machine.get('onednn') else 'TensorFlow'}'s kernels")

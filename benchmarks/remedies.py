@@ -86,13 +86,12 @@ def _spec(name: str, batch: int, change: dict) -> dict:
             "loss": "sparse_categorical_crossentropy"}
 
 
-def measured(spec: dict, cache: dict, processes: int = 3) -> list[int]:
-    """The per-process maxima of the configuration's training steps."""
-    from benchmarks import machine
+def measured(spec: dict, cache: dict, here: dict, processes: int = 3) -> list[int]:
+    """The per-process maxima of the configuration's training steps, taken on
+    the machine ``here`` (``benchmarks.machine.facts``)."""
     from keras_memscope.measure import measure_subprocess
 
     key = json.dumps(spec, sort_keys=True)
-    here = machine.facts()
     entry = cache.get(key)
     if not isinstance(entry, dict) or entry.get("machine") != here:
         cache[key] = {"maxima": [max(measure_subprocess(spec)["step_peak_bytes"])
@@ -108,7 +107,8 @@ def main() -> int:
 
     cache = json.loads(CACHE.read_text()) if CACHE.exists() else {}
     mib = 2**20
-    print(f"machine: {machine.describe(machine.facts())}\n", flush=True)
+    here = machine.facts()
+    print(f"machine: {machine.describe(here)}\n", flush=True)
     methods = ("graph", "rules")
     print("| model | batch | remedy | measured MiB (before -> after) | saving measured "
           "| between processes | "
@@ -117,8 +117,8 @@ def main() -> int:
     print("|---|---|---|---|---|---|" + "---|---|---|" * len(methods))
     errors: dict[str, list[float]] = {m: [] for m in methods}
     for name, batch, title, change in CASES:
-        base_all = measured(_spec(name, batch, {}), cache)
-        rem_all = measured(_spec(name, batch, change), cache)
+        base_all = measured(_spec(name, batch, {}), cache, here)
+        rem_all = measured(_spec(name, batch, change), cache, here)
         base_m, rem_m = max(base_all), max(rem_all)
         # the saving any pair of processes shows
         low, high = min(base_all) - max(rem_all), max(base_all) - min(rem_all)

@@ -26,6 +26,7 @@ float32 accumulation. Bandwidth is the datasheet memory bandwidth.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -56,9 +57,7 @@ def cpu_cache_facts() -> tuple[int, int]:
     return l2, os.cpu_count() or 2
 
 
-_ONEDNN: list[bool] = []
-
-
+@functools.cache
 def cpu_uses_onednn() -> bool:
     """Whether TensorFlow runs its oneDNN kernels on this machine's CPU.
 
@@ -70,14 +69,11 @@ def cpu_uses_onednn() -> bool:
     ``TF_ENABLE_ONEDNN_OPTS=0``), and oneDNN max pooling keeps a workspace
     of one byte per output element for its gradient, which allocates no
     temporary of its own."""
-    if not _ONEDNN:
-        try:
-            from tensorflow.python.util import _pywrap_util_port
-
-            _ONEDNN.append(bool(_pywrap_util_port.IsMklEnabled()))
-        except (ImportError, AttributeError):
-            _ONEDNN.append(False)
-    return _ONEDNN[0]
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+    except ImportError:
+        return False
+    return bool(getattr(_pywrap_util_port, "IsMklEnabled", lambda: False)())
 
 
 def tf_reserved_bytes(memory_bytes: int, compute_capability: tuple[int, int] | None) -> int:

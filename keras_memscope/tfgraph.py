@@ -422,14 +422,15 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             # forward convolution, without a column buffer
             filt, _ = _col_buffers(op, op.inputs[2], op.inputs[1])
             workspace_for = {ref[op.inputs[1].name]: filt}
-        bwd_ws = _bytes(op.outputs[0]) if op.type == "MaxPool" else 0  # MaxPoolGrad's temp
+        bwd_ws = 0
         if op.type == "MaxPool" and cpu_uses_onednn() and outputs:
             # oneDNN's max pooling: one byte per output element, kept for
-            # the gradient instead of its temporary
-            bwd_ws = 0
+            # the gradient instead of MaxPoolGrad's temporary
             outputs.append((f"t{n}", _elements(op.outputs[0])))
             keep.append(f"t{n}")
             n += 1
+        elif op.type == "MaxPool":
+            bwd_ws = _bytes(op.outputs[0])  # MaxPoolGrad's temporary
         fwd_ws = 0
         if op.type == "Einsum" and all(x.shape.is_fully_defined() for x in op.inputs):
             fwd_ws = einsum_workspace(op.get_attr("equation").decode(),
@@ -551,12 +552,10 @@ def _backward_intermediates_peak(backward: list[Any], graph: Any,
     buffer), and the temporary buffer of a gradient XLA runs (``xla``),
     come on top: the extra is the peak of everything alive together less the
     most the gradients and partials alone hold."""
+    # a result handed back as a view of another tensor (an Identity; Conv1D's
+    # filter and input gradients, 4-D, reshaped to 3-D) is that tensor's buffer
     final = {t.name for t in graph.outputs}
-    final |= {t.name for op in graph.get_operations() if op.type == "Identity"
-              for t in op.inputs if any(o.name in final for o in op.outputs)}
-    # a gradient handed back as a view of another tensor (Conv1D's filter and
-    # input gradients, 4-D, reshaped to 3-D) is that tensor's buffer
-    for op in reversed(backward):
+    for op in reversed(graph.get_operations()):
         if (op.type in VIEW_OPS and op.inputs
                 and any(o.name in final for o in op.outputs)):
             final.add(op.inputs[0].name)
