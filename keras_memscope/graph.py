@@ -534,6 +534,7 @@ def trace_model(
             tracer.add_glue(t, model.name)
     outputs = tuple(tracer.info(t) for t in out_tensors)
 
+    calls, outputs = _without_duplicates(tracer, graph, outputs)
     every = tracer.weight_uses(list(model.weights), model)
     unattributed = tuple(w for w in every if w.key not in tracer.claimed)
     for c in tracer.calls:
@@ -542,7 +543,7 @@ def trace_model(
     graph_obj = ModelGraph(
         model_name=model.name,
         batch_size=batch_size,
-        calls=tracer.calls,
+        calls=calls,
         inputs=model_inputs,
         outputs=outputs,
         variables=every,
@@ -551,6 +552,55 @@ def trace_model(
     )
     graph_obj._keep = tracer.keep  # type: ignore[attr-defined]
     return graph_obj
+
+
+def _op_signatures(graph: Any) -> dict[str, str]:
+    """Each tensor of ``graph`` -> the first tensor computed the same way: the
+    same op type and attributes on the same inputs (recursively), no side
+    effects. Grappler's arithmetic optimizer merges such ops in the function
+    TensorFlow runs (NASNet applies a separate ReLU layer to one tensor in
+    every branch of a cell: one tensor is kept, not five)."""
+    first: dict[tuple, str] = {}  # signature -> op name
+    canon: dict[str, str] = {}  # op name -> its first equivalent
+    tensors: dict[str, str] = {}
+    for op in graph.get_operations():
+        if op._is_stateful or op.type in ("Placeholder", "VarHandleOp") or op.control_inputs:
+            canon[op.name] = op.name
+        else:
+            attrs = tuple(sorted((k, v.SerializeToString(deterministic=True))
+                                 for k, v in op.node_def.attr.items() if not k.startswith("_")))
+            sig = (op.type, attrs,
+                   tuple((canon.get(t.op.name, t.op.name), t.value_index) for t in op.inputs))
+            canon[op.name] = first.setdefault(sig, op.name)
+        for t in op.outputs:
+            tensors[t.name] = f"{canon[op.name]}:{t.value_index}"
+    return tensors
+
+
+def _without_duplicates(tracer: _Tracer, graph: Any, outputs: tuple[TensorInfo, ...]
+                        ) -> tuple[list[CallRecord], tuple[TensorInfo, ...]]:
+    """The calls less those without weights that compute what an earlier call
+    computed (the same ops on the same tensors, ``_op_signatures``): later
+    calls read the earlier call's outputs instead."""
+    same = _op_signatures(graph)
+    name_of = {tid: name for name, tid in tracer.ids.items()}
+    alias: dict[int, int] = {}
+
+    def resolved(ts: tuple[TensorInfo, ...]) -> tuple[TensorInfo, ...]:
+        return tuple(tracer.infos[alias[t.id]] if t.id in alias else t for t in ts)
+
+    calls: list[CallRecord] = []
+    for c in tracer.calls:
+        inputs = resolved(c.inputs)
+        if inputs != c.inputs:
+            c = dataclasses.replace(c, inputs=inputs)
+        if not c.glue and not c.weights and c.outputs and all(t.id > 0 for t in c.outputs):
+            firsts = [tracer.ids.get(same.get(name_of[t.id], "")) for t in c.outputs]
+            if all(f is not None and f != t.id for f, t in zip(firsts, c.outputs)):
+                alias.update({t.id: alias.get(f, f) for f, t in zip(firsts, c.outputs)})
+                continue
+        calls.append(c)
+    return calls, resolved(outputs)
 
 
 def has_deferred_variables(model: Any) -> bool:

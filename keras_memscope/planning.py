@@ -428,10 +428,7 @@ def _remedy_candidates(model: Any, est: MemoryEstimate, profile: DeviceProfile,
         # the fewest steps whose equal micro-batches fit (the effective batch
         # stays the same only when the steps divide it)
         steps = min(k for k in range(2, batch + 1) if batch % k == 0 and batch // k <= micro)
-        out.append((f"batch {batch // steps} x {steps} accumulation steps "
-                    f"(same effective batch {batch})", {"accumulation_steps": steps},
-                    f"{steps} smaller steps per update; gradient accumulators the size of "
-                    "the weights, held between steps"))
+        out.append(_accumulation(batch, steps))
     if est.dtype_policy == "float32" and _rebuildable(model):
         half = "mixed_bfloat16" if "bfloat16" in profile.peak_flops or profile.kind == "cpu" \
             else "mixed_float16"
@@ -460,6 +457,13 @@ def _remedy_candidates(model: Any, est: MemoryEstimate, profile: DeviceProfile,
     return out
 
 
+def _accumulation(batch: int, steps: int) -> tuple[str, dict, str]:
+    return (f"batch {batch // steps} x {steps} accumulation steps "
+            f"(same effective batch {batch})", {"accumulation_steps": steps},
+            f"{steps} smaller steps per update; gradient accumulators the size of "
+            "the weights, held between steps")
+
+
 def suggest_remedies(model: Any, est: MemoryEstimate, profile: DeviceProfile, available: int,
                      margin: float, options: dict[str, Any]) -> list[Suggestion]:
     """Remedies ranked by memory saved per compute added, then, until one fits,
@@ -474,6 +478,13 @@ def suggest_remedies(model: Any, est: MemoryEstimate, profile: DeviceProfile, av
     for title, change, cost in _remedy_candidates(model, est, profile, options,
                                                   micro if isinstance(micro, int) else 0):
         e = _whatif_or_none(model, est.batch_size, profile, options, change)
+        # the largest micro-batch that fits alone may not fit beside the
+        # accumulators: then the next number of steps that divides the batch
+        more = [k for k in range(change.get("accumulation_steps", 0) + 1, est.batch_size + 1)
+                if est.batch_size % k == 0][:6] if "accumulation_steps" in change else []
+        while e is not None and e.peak_bytes > limit and more:
+            title, change, cost = _accumulation(est.batch_size, more.pop(0))
+            e = _whatif_or_none(model, est.batch_size, profile, options, change)
         if e is None:
             continue
         saved = est.peak_bytes - e.peak_bytes

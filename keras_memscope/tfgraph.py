@@ -354,6 +354,8 @@ def _run(graph: Any, backward: list[Any]) -> list[Any]:
 def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
               backward: list[Any], out_names: list[str],
               xla_buffers: bool = True) -> list[Prim]:
+    import tensorflow as tf
+
     placeholders = [t for t in graph.inputs if t.dtype.name != "resource"][:len(call.inputs)]
     ref: dict[str, str] = {t.name: f"in{i}" for i, t in enumerate(placeholders)}
     # weights: each weight placeholder is the weight's reference
@@ -481,7 +483,13 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             prims.append(prim("view", ["in0"] if call.inputs else [],
                               [(f"out{i}", call.outputs[i].nbytes)], alias=bool(call.inputs)))
     # the gradient ops' own intermediates, alive together at their highest
-    parts = _backward_intermediates_peak(backward, graph, xla_buffers)
+    # the gradients arriving at the outputs: the arguments after the weights
+    # (captured tensors come after them)
+    first = len(call.inputs) + sum(len(group) for group in _variables(call.layer))
+    n_grads = sum(1 for t in call.outputs if tf.as_dtype(t.dtype).is_floating)
+    upstream = [t for t in graph.inputs
+                if t.dtype.name != "resource"][first:first + n_grads]
+    parts = _backward_intermediates_peak(backward, graph, xla_buffers, upstream)
     if prims and parts:
         # on the first prim the gradient goes through: its gradient runs last,
         # when the layer's gradient ends
@@ -540,7 +548,8 @@ def _identity_arithmetic(op: Any) -> bool:
 
 
 def _backward_intermediates_peak(backward: list[Any], graph: Any,
-                                 xla_buffers: bool = True) -> tuple[int, ...]:
+                                 xla_buffers: bool = True,
+                                 upstream: Sequence[Any] = ()) -> tuple[int, ...]:
     """Bytes the gradient ops need beyond what the schedule holds for them, as
     the sizes of the allocations that make them up.
 
@@ -551,7 +560,11 @@ def _backward_intermediates_peak(backward: list[Any], graph: Any,
     nobody reads after it, TensorFlow's forwarding, so the two share one
     buffer), and the temporary buffer of a gradient XLA runs (``xla``),
     come on top: the extra is the peak of everything alive together less the
-    most the gradients and partials alone hold."""
+    most the gradients and partials alone hold. The gradients arriving at
+    the layer's outputs (``upstream``, held by the schedule until the layer's
+    gradient ends) can be forwarded too: an activation's gradient (ReluGrad)
+    whose incoming gradient nothing else reads writes into it and allocates
+    nothing (allocator trace of a Dense layer with a ReLU)."""
     # a result handed back as a view of another tensor (an Identity; Conv1D's
     # filter and input gradients, 4-D, reshaped to 3-D) is that tensor's buffer
     final = {t.name for t in graph.outputs}
@@ -569,14 +582,27 @@ def _backward_intermediates_peak(backward: list[Any], graph: Any,
     modelled: set[int] = set()
     events: list[tuple[list[int], list[int]]] = []
     buffer_of: dict[str, int] = {}  # intermediate tensor -> its buffer
+    held: set[int] = set()  # buffers the schedule holds (incoming gradients)
+    for t in upstream:
+        if readers.get(t.name):
+            buffer_of[t.name] = len(size)
+            held.add(len(size))
+            size.append(_bytes(t))
+    # the incoming gradients are alive from the start, and to the end
+    events.append((sorted(held), []))
+    modelled.update(held)
     for op in backward:
         new: list[int] = []
         if (op.type not in VIEW_OPS and op.type not in FREE_OPS
                 and not _identity_arithmetic(op)):
             donor = None
             if op.type in FORWARDING_OPS or op.type in FORWARDING_GRAD_OPS:
+                # (a gradient handed back is the schedule's own allocation, even
+                # where TensorFlow writes it into the incoming gradient)
+                handed_back = op.outputs[0].name in final
                 donor = next((t.name for t in op.inputs if t.name in buffer_of
                               and readers.get(t.name) == 1
+                              and not (handed_back and buffer_of[t.name] in held)
                               and size[buffer_of[t.name]] == _bytes(op.outputs[0])), None)
             for i, t in enumerate(op.outputs):
                 if not (t.name in final or readers.get(t.name)):
@@ -601,8 +627,10 @@ def _backward_intermediates_peak(backward: list[Any], graph: Any,
         for t in op.inputs:
             if t.name in buffer_of:
                 readers[t.name] -= 1
-                if readers[t.name] == 0:
+                if readers[t.name] == 0 and buffer_of[t.name] not in held:
                     freed.append(buffer_of.pop(t.name))
+                elif readers[t.name] == 0:
+                    buffer_of.pop(t.name)
         events.append((new, freed))
     live: set[int] = set()
     peak = peak_modelled = total = ours = 0

@@ -326,3 +326,65 @@ def test_gradients_handed_back_as_views_are_not_workspace():
     assert {p.name for p in prims} >= {"ExpandDims", "Conv2D", "Squeeze"}
     assert sum(p.backward_workspace_bytes for p in prims) == 0, [
         (p.name, p.backward_workspace_bytes) for p in prims]
+
+
+def test_an_activation_gradient_writes_into_the_incoming_gradient():
+    """ReluGrad is an element-wise kernel: when nothing else reads the
+    gradient arriving at a Dense layer with a ReLU, TensorFlow writes the
+    ReLU's gradient into it and allocates nothing (allocator trace, with
+    oneDNN's kernels and without: no allocation by a ReluGrad). The schedule
+    holds that incoming gradient, so the layer's gradient ops need no
+    temporary of their own; a Dense layer without an activation, whose
+    gradient reads the incoming one directly, needs none either."""
+    from keras_memscope.graph import trace_model
+    from keras_memscope.tfgraph import traced_prims
+
+    for activation in ("relu", "tanh", "sigmoid", None):
+        model = keras.Sequential([keras.Input((64,)), layers.Dense(256, activation=activation),
+                                  layers.Dense(10)])
+        first = [c for c in trace_model(model, 32).calls if c.layer is model.layers[0]][0]
+        prims = traced_prims(first)
+        assert sum(p.backward_workspace_bytes for p in prims) == 0, (activation, [
+            (p.name, p.backward_workspace_bytes) for p in prims])
+
+
+def _branches(shared: bool, activations=("relu", "relu", "relu")) -> keras.Model:
+    """One tensor through a ReLU into three convolutions: a ReLU layer per
+    branch (NASNet's cells), or one ReLU the branches share."""
+    inp = keras.Input((32, 32, 8))
+    h = layers.Conv2D(16, 3, padding="same")(inp)
+    one = layers.Activation("relu")(h)
+    branches = [layers.Conv2D(8, 3, padding="same")(
+        one if shared else layers.Activation(a)(h)) for a in activations]
+    out = layers.Dense(10)(layers.GlobalAveragePooling2D()(layers.Add()(branches)))
+    return keras.Model(inp, out)
+
+
+@pytest.mark.parametrize("method", ["graph", "rules"])
+def test_the_same_computation_twice_is_one_tensor(method):
+    """Grappler merges ops that compute the same thing from the same tensors
+    (allocator trace of ``_branches(shared=False)``: one allocation by a ReLU
+    op, not three; NASNet-Mobile at batch 4 went from 86.7 to 69.4 MiB against
+    67.7-69.6 measured). Layers applied separately to one tensor cost what one
+    shared layer costs; different activations, random layers and layers with
+    weights stay separate."""
+    from keras_memscope.graph import trace_model
+
+    separate = memscope.estimate(_branches(False), 16, optimizer="sgd", method=method)
+    shared = memscope.estimate(_branches(True), 16, optimizer="sgd", method=method)
+    assert separate.peak_bytes == shared.peak_bytes
+    assert separate.saved_activations_bytes == shared.saved_activations_bytes
+    calls = trace_model(_branches(False), 16).calls
+    assert sum(c.class_name == "Activation" for c in calls) == 1
+    # a ReLU and a tanh of one tensor are two tensors
+    mixed = trace_model(_branches(False, ("relu", "tanh", "relu")), 16).calls
+    assert sum(c.class_name == "Activation" for c in mixed) == 2
+    # two dropouts of one tensor draw different masks
+    inp = keras.Input((64,))
+    drops = [layers.Dropout(0.5)(inp) for _ in range(2)]
+    model = keras.Model(inp, layers.Dense(1)(layers.Add()(drops)))
+    assert sum(c.class_name == "Dropout" for c in trace_model(model, 8).calls) == 2
+    # two Dense layers of one tensor have their own weights
+    dense = [layers.Dense(4)(inp) for _ in range(2)]
+    model = keras.Model(inp, layers.Add()(dense))
+    assert sum(c.class_name == "Dense" for c in trace_model(model, 8).calls) == 2

@@ -166,6 +166,54 @@ def test_weight_decay_copies_the_weights_gradients_still_read():
     assert copies and not copies - weights, copies
 
 
+DENSE_RELU = r"""
+model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(1000, activation="relu"),
+                          keras.layers.Dense(1000, activation="relu"), keras.layers.Dense(10)])
+model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+x, y = tf.constant(np.ones((97, 64), "float32")), tf.constant(np.zeros((97,), "int32"))
+"""
+
+
+@pytest.mark.parametrize("onednn", ["0", "1"])
+def test_an_activation_gradient_allocates_nothing(onednn, monkeypatch):
+    """What ``tfgraph`` models for an element-wise gradient: the ReLU's
+    gradient is written into the incoming gradient (nothing else reads it),
+    with oneDNN's kernels and without. The gradient ops of the two hidden
+    layers allocate their input and weight gradients and nothing of the
+    ReLU-output size beyond one input gradient each."""
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", onednn)
+    events = _profiled_allocations(DENSE_RELU)
+    grads = [(op, n) for op, n in events if op.startswith("gradient_tape/")]
+    assert grads, events
+    assert not [op for op, _ in grads if "Relu" in op], grads
+    hidden = 97 * 1000 * 4
+    # the input gradients of the second and third layers: one each
+    assert sum(1 for _, n in grads if n == hidden) == 2, grads
+
+
+BRANCHES = r"""
+inp = keras.Input((32, 32, 8))
+h = keras.layers.Conv2D(16, 3, padding="same")(inp)
+branches = [keras.layers.Conv2D(8, 3, padding="same")(keras.layers.Activation("relu")(h))
+            for _ in range(3)]
+out = keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(keras.layers.Add()(branches)))
+model = keras.Model(inp, out)
+model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+x, y = tf.constant(np.ones((16, 32, 32, 8), "float32")), tf.constant(np.zeros((16,), "int32"))
+"""
+
+
+def test_the_same_computation_in_three_layers_runs_once():
+    """What ``graph._without_duplicates`` models: three ReLU layers applied to
+    one tensor are one op in the function TensorFlow runs (grappler's
+    arithmetic optimizer). Run separately, the first two could not write
+    into the tensor the others still read: two allocations or more."""
+    events = _profiled_allocations(BRANCHES)
+    relu_output = 16 * 32 * 32 * 16 * 4
+    relus = [(op, n) for op, n in events if op.endswith("/Relu") and n == relu_output]
+    assert len(relus) <= 1, events
+
+
 SPARSE = r"""
 model = keras.Sequential([keras.Input((200,), dtype="int32"), keras.layers.Embedding(20000, 64),
                           keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(10)])
@@ -307,13 +355,17 @@ def test_einsum_kernel_workspace_against_measurement(equation, a, b):
 
 
 def test_convolution_at_batch_one_against_measurement():
-    """The filter gradient's column buffer (24 MiB here) is as large at batch 1
-    as at any batch: the estimate had left it out at batch 1."""
+    """The filter gradient's column buffer (24 MiB with TensorFlow's own
+    kernels) is as large at batch 1 as at any batch: the estimate had left it
+    out at batch 1. With oneDNN's kernels there is none and the step is about
+    145 KiB, whose steps vary by some 20 KiB within one process (134-168 KiB
+    in 18 steps): the estimate lies within the measured steps' spread, give
+    or take 10% (issue 3's criterion)."""
     model = small_cnn()
     measured = memscope.measure(model, 1, optimizer="adam", steps=3, device="cpu")
     est = memscope.estimate(model, 1, optimizer="adam", device="cpu")
-    assert abs(est.peak_bytes - measured.peak_bytes) <= 0.10 * measured.peak_bytes, (
-        est.peak_bytes, measured.step_peak_bytes)
+    steps = measured.step_peak_bytes
+    assert 0.9 * min(steps) <= est.peak_bytes <= 1.1 * max(steps), (est.peak_bytes, steps)
 
 
 ESTIMATE_POOLED_CNN = r"""
