@@ -39,6 +39,10 @@ class Prim:
         backward_workspace_parts: the sizes of the allocations those bytes
             are (a gradient's intermediates are separate tensors, not one
             block); empty: one allocation.
+        backward_workspace_parts_if_free, backward_donors: the parts of its
+            backward workspace when nothing but this layer holds the inputs
+            named in ``backward_donors`` (its gradient ops write into them,
+            as TensorFlow forwards a buffer whose last reader they are).
         backlog_parts: allocations its gradient may hold beside its workspace
             at worst, which the estimate does not assume (a recurrent loop
             running ahead of its weight-gradient sums: one partial gradient of
@@ -87,6 +91,8 @@ class Prim:
     forward_workspace_bytes: int = 0
     backward_workspace_bytes: int = 0
     backward_workspace_parts: tuple[int, ...] = ()
+    backward_workspace_parts_if_free: tuple[int, ...] = ()
+    backward_donors: tuple[str, ...] = ()
     backlog_parts: tuple[int, ...] = ()
     workspace_for: tuple[tuple[str, int], ...] = ()
     output_pieces: tuple[tuple[str, int], ...] = ()
@@ -123,6 +129,7 @@ class Prim:
             output_pieces=tuple((r(k), v) for k, v in self.output_pieces),
             upcast_workspace=tuple((r(k) if k else k, v) for k, v in self.upcast_workspace),
             sparse_grad=tuple(map(r, self.sparse_grad)),
+            backward_donors=tuple(map(r, self.backward_donors)),
         )
 
 

@@ -387,6 +387,13 @@ def simulate(
     for held in region_inputs:
         for t in held:
             holders0[t] += 1
+    # the layers whose gradients read each tensor: one whose only reader is
+    # the layer it feeds can take that layer's gradient intermediates
+    saved_by: dict[int, set[int]] = defaultdict(set)
+    for f in flats:
+        for t in f.saved:
+            saved_by[t].add(f.op.index)
+    shared_input = {t for held in region_inputs for t in held} | set(external)
     for t in model_inputs:
         holders0[t] += 1  # the caller holds its batch
     for t in model_outputs:
@@ -660,14 +667,15 @@ def simulate(
                     else:
                         grad_of[t] = parts[0]
 
-        def workspace(f: _Flat, ts: Sequence[int], extra: int = 0) -> int | None:
+        def workspace(f: _Flat, ts: Sequence[int], extra: int = 0,
+                      extra_parts: Sequence[int] = ()) -> int | None:
             p = f.prim
             own = sum(n for ref, n in p.workspace_for
                       if ref in p.inputs and f.ins[p.inputs.index(ref)] in ts)
             ws_bytes = extra + own
             if not ws_bytes:
                 return None
-            parts = p.backward_workspace_parts if extra and not own else ()
+            parts = tuple(extra_parts) if extra and not own else ()
             if worst_case and extra and p.backlog_parts:
                 parts = (*(parts or (ws_bytes,)), *p.backlog_parts)
                 ws_bytes = sum(parts)
@@ -814,7 +822,15 @@ def simulate(
                 start_job(job, with_workspace=False)
             sim.check("backward")
             # a gradient kernel's temporaries live beside the gradients it writes
-            ws_x = workspace(f, xts, p.backward_workspace_bytes)
+            extra, parts = p.backward_workspace_bytes, p.backward_workspace_parts
+            donors = [op.inputs[int(r[2:])] for r in p.backward_donors]
+            if donors and all(t not in shared_input and saved_by[t] <= {op.index}
+                              and t in buffer_of
+                              and sim.buffers[buffer_of[t]].live_tensors == 1
+                              for t in donors):
+                extra, parts = sum(p.backward_workspace_parts_if_free), \
+                    p.backward_workspace_parts_if_free
+            ws_x = workspace(f, xts, extra, parts)
             if starts_now:
                 job.workspace = workspace(f, wts)
             sim.check("backward")

@@ -490,7 +490,13 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
     upstream = [t for t in graph.inputs
                 if t.dtype.name != "resource"][first:first + n_grads]
     parts = _backward_intermediates_peak(backward, graph, xla_buffers, upstream)
-    if prims and parts:
+    # where the schedule finds the layer's inputs held by nobody else, the
+    # gradient ops may write into them
+    taken: set[str] = set()
+    parts_if_free = _backward_intermediates_peak(backward, graph, xla_buffers, upstream,
+                                                 placeholders, taken)
+    donors = tuple(ref[t.name] for t in placeholders if t.name in taken)
+    if prims and (parts or donors):
         # on the first prim the gradient goes through: its gradient runs last,
         # when the layer's gradient ends
         i = _first_on_gradient_path(prims)
@@ -498,7 +504,10 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
         prims[i] = Prim(**{**first.__dict__,
                            "backward_workspace_bytes": first.backward_workspace_bytes
                            + sum(parts),
-                           "backward_workspace_parts": parts})
+                           "backward_workspace_parts": parts,
+                           "backward_workspace_parts_if_free":
+                               parts_if_free if donors else (),
+                           "backward_donors": donors})
     return _only_known_saves(prims)
 
 
@@ -549,7 +558,9 @@ def _identity_arithmetic(op: Any) -> bool:
 
 def _backward_intermediates_peak(backward: list[Any], graph: Any,
                                  xla_buffers: bool = True,
-                                 upstream: Sequence[Any] = ()) -> tuple[int, ...]:
+                                 upstream: Sequence[Any] = (),
+                                 donors: Sequence[Any] = (),
+                                 taken: set[str] | None = None) -> tuple[int, ...]:
     """Bytes the gradient ops need beyond what the schedule holds for them, as
     the sizes of the allocations that make them up.
 
@@ -564,7 +575,11 @@ def _backward_intermediates_peak(backward: list[Any], graph: Any,
     the layer's outputs (``upstream``, held by the schedule until the layer's
     gradient ends) can be forwarded too: an activation's gradient (ReluGrad)
     whose incoming gradient nothing else reads writes into it and allocates
-    nothing (allocator trace of a Dense layer with a ReLU)."""
+    nothing (allocator trace of a Dense layer with a ReLU). ``donors`` (the
+    layer's inputs) are buffers of that kind too, for where nothing outside
+    the layer holds them: the names of those an op writes into go to
+    ``taken`` (BatchNormalization's ``x - mean`` in its gradient is written
+    into ``x`` when the convolution before it keeps only its own input)."""
     # a result handed back as a view of another tensor (an Identity; Conv1D's
     # filter and input gradients, 4-D, reshaped to 3-D) is that tensor's buffer
     final = {t.name for t in graph.outputs}
@@ -583,7 +598,8 @@ def _backward_intermediates_peak(backward: list[Any], graph: Any,
     events: list[tuple[list[int], list[int]]] = []
     buffer_of: dict[str, int] = {}  # intermediate tensor -> its buffer
     held: set[int] = set()  # buffers the schedule holds (incoming gradients)
-    for t in upstream:
+    donor_names = {t.name for t in donors}
+    for t in (*upstream, *donors):
         if readers.get(t.name):
             buffer_of[t.name] = len(size)
             held.add(len(size))
@@ -610,6 +626,8 @@ def _backward_intermediates_peak(backward: list[Any], graph: Any,
                 if i == 0 and donor is not None:
                     bid = buffer_of.pop(donor)
                     readers[donor] = 0
+                    if donor in donor_names and taken is not None:
+                        taken.add(donor)
                 else:
                     bid = len(size)
                     size.append(_bytes(t))

@@ -214,6 +214,33 @@ def test_the_same_computation_in_three_layers_runs_once():
     assert len(relus) <= 1, events
 
 
+NORMALIZED = r"""
+inp = keras.Input((32, 32, 16))
+x = keras.layers.Conv2D(16, 1)(inp)
+{before}
+out = keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(
+    keras.layers.BatchNormalization()(x)))
+model = keras.Model(inp, out)
+model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+x, y = tf.constant(np.ones((16, 32, 32, 16), "float32")), tf.constant(np.zeros((16,), "int32"))
+"""
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_a_gradient_writes_into_an_input_nobody_else_holds(relu):
+    """What the schedule models with ``backward_donors``: the
+    normalization's gradient computes ``x - mean`` (the variance's
+    gradient); after a convolution, which keeps its input and not its
+    output, TensorFlow writes it into ``x``; after a ReLU, which keeps its
+    output (``x``), it allocates a tensor of its own."""
+    events = _profiled_allocations(NORMALIZED.format(
+        before="x = keras.layers.ReLU()(x)" if relu else ""))
+    size = 16 * 32 * 32 * 16 * 4
+    subs = [op for op, n in events if op.startswith("gradient_tape") and n == size
+            and op.endswith("moments/sub")]
+    assert len(subs) == (1 if relu else 0), events
+
+
 SPARSE = r"""
 model = keras.Sequential([keras.Input((200,), dtype="int32"), keras.layers.Embedding(20000, 64),
                           keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(10)])
