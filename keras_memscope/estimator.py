@@ -337,6 +337,11 @@ def estimate(
                             is_leaf=lambda op: ruleset.lookup(op) is not None)
     if sharding.local_shapes:
         graph = _shard_weights(graph, sharding)
+    if graph.merged:
+        notes.append(
+            f"{len(graph.merged)} layer call(s) compute what an earlier call computes "
+            f"({', '.join(graph.merged[:3])}{', ...' if len(graph.merged) > 3 else ''}): "
+            "TensorFlow runs them once (grappler merges them), and so does the estimate")
     overrides = tuple(rules or ())  # (classes: with_overrides checked them)
     # XLA compiles for this machine's CPU: its buffers are the CPU's
     ops, unsupported, rule_names = lower(graph, ruleset, method, overrides,

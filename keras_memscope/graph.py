@@ -81,6 +81,8 @@ class ModelGraph:
     variables: tuple[WeightUse, ...]
     unattributed: tuple[WeightUse, ...]
     compute_dtype: str
+    #: calls left out: they compute what an earlier call computed
+    merged: tuple[str, ...] = ()
 
 
 def _weight_elements(w: WeightUse) -> int:
@@ -535,6 +537,7 @@ def trace_model(
     outputs = tuple(tracer.info(t) for t in out_tensors)
 
     calls, outputs = _without_duplicates(tracer, graph, outputs)
+    kept = {c.name for c in calls}
     every = tracer.weight_uses(list(model.weights), model)
     unattributed = tuple(w for w in every if w.key not in tracer.claimed)
     for c in tracer.calls:
@@ -549,6 +552,7 @@ def trace_model(
         variables=every,
         unattributed=unattributed,
         compute_dtype=str(getattr(model, "compute_dtype", "float32")),
+        merged=tuple(c.name for c in tracer.calls if c.name not in kept),
     )
     graph_obj._keep = tracer.keep  # type: ignore[attr-defined]
     return graph_obj

@@ -379,8 +379,10 @@ def test_the_same_computation_twice_is_one_tensor(method):
     shared = memscope.estimate(_branches(True), 16, optimizer="sgd", method=method)
     assert separate.peak_bytes == shared.peak_bytes
     assert separate.saved_activations_bytes == shared.saved_activations_bytes
-    calls = trace_model(_branches(False), 16).calls
-    assert sum(c.class_name == "Activation" for c in calls) == 1
+    traced = trace_model(_branches(False), 16)
+    assert sum(c.class_name == "Activation" for c in traced.calls) == 1
+    assert len(traced.merged) == 2
+    assert any("grappler merges them" in n for n in separate.notes)
     # a ReLU and a tanh of one tensor are two tensors
     mixed = trace_model(_branches(False, ("relu", "tanh", "relu")), 16).calls
     assert sum(c.class_name == "Activation" for c in mixed) == 2
