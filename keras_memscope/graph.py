@@ -536,8 +536,7 @@ def trace_model(
             tracer.add_glue(t, model.name)
     outputs = tuple(tracer.info(t) for t in out_tensors)
 
-    calls, outputs = _without_duplicates(tracer, graph, outputs)
-    kept = {c.name for c in calls}
+    calls, outputs, merged = _without_duplicates(tracer, graph, outputs)
     every = tracer.weight_uses(list(model.weights), model)
     unattributed = tuple(w for w in every if w.key not in tracer.claimed)
     for c in tracer.calls:
@@ -552,7 +551,7 @@ def trace_model(
         variables=every,
         unattributed=unattributed,
         compute_dtype=str(getattr(model, "compute_dtype", "float32")),
-        merged=tuple(c.name for c in tracer.calls if c.name not in kept),
+        merged=merged,
     )
     graph_obj._keep = tracer.keep  # type: ignore[attr-defined]
     return graph_obj
@@ -582,10 +581,11 @@ def _op_signatures(graph: Any) -> dict[str, str]:
 
 
 def _without_duplicates(tracer: _Tracer, graph: Any, outputs: tuple[TensorInfo, ...]
-                        ) -> tuple[list[CallRecord], tuple[TensorInfo, ...]]:
+                        ) -> tuple[list[CallRecord], tuple[TensorInfo, ...], tuple[str, ...]]:
     """The calls less those without weights that compute what an earlier call
-    computed (the same ops on the same tensors, ``_op_signatures``): later
-    calls read the earlier call's outputs instead."""
+    computed (the same ops on the same tensors, ``_op_signatures``), the
+    model's outputs, and the names of the calls left out: later calls read
+    the earlier call's outputs instead."""
     same = _op_signatures(graph)
     name_of = {tid: name for name, tid in tracer.ids.items()}
     alias: dict[int, int] = {}
@@ -594,6 +594,7 @@ def _without_duplicates(tracer: _Tracer, graph: Any, outputs: tuple[TensorInfo, 
         return tuple(tracer.infos[alias[t.id]] if t.id in alias else t for t in ts)
 
     calls: list[CallRecord] = []
+    merged: list[str] = []
     for c in tracer.calls:
         inputs = resolved(c.inputs)
         if inputs != c.inputs:
@@ -602,9 +603,10 @@ def _without_duplicates(tracer: _Tracer, graph: Any, outputs: tuple[TensorInfo, 
             firsts = [tracer.ids.get(same.get(name_of[t.id], "")) for t in c.outputs]
             if all(f is not None and f != t.id for f, t in zip(firsts, c.outputs)):
                 alias.update({t.id: alias.get(f, f) for f, t in zip(firsts, c.outputs)})
+                merged.append(c.name)
                 continue
         calls.append(c)
-    return calls, resolved(outputs)
+    return calls, resolved(outputs), tuple(merged)
 
 
 def has_deferred_variables(model: Any) -> bool:

@@ -318,8 +318,12 @@ def _trace(call: CallRecord, xla_buffers: bool = True) -> list[Prim]:
         # the per-iteration tensors a loop keeps live in lists the graph does not size
         raise NotImplementedError(f"{type(layer).__name__} runs {sorted(loops)[0]}: "
                                   "its rule is used")
+    # the gradients arriving at the outputs: the arguments after the weights
+    # (captured tensors come after them)
+    args = [t for t in graph.inputs if t.dtype.name != "resource"]
+    upstream = args[n_in + len(weight_specs):n_in + len(weight_specs) + len(grad_specs)]
     return _to_prims(call, graph, ops[:split], _run(graph, ops[split:]), out_names,
-                     xla_buffers)
+                     xla_buffers, upstream)
 
 
 def _gathers_rows(op: Any) -> bool:
@@ -353,9 +357,7 @@ def _run(graph: Any, backward: list[Any]) -> list[Any]:
 
 def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
               backward: list[Any], out_names: list[str],
-              xla_buffers: bool = True) -> list[Prim]:
-    import tensorflow as tf
-
+              xla_buffers: bool = True, upstream: Sequence[Any] = ()) -> list[Prim]:
     placeholders = [t for t in graph.inputs if t.dtype.name != "resource"][:len(call.inputs)]
     ref: dict[str, str] = {t.name: f"in{i}" for i, t in enumerate(placeholders)}
     # weights: each weight placeholder is the weight's reference
@@ -483,12 +485,6 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             prims.append(prim("view", ["in0"] if call.inputs else [],
                               [(f"out{i}", call.outputs[i].nbytes)], alias=bool(call.inputs)))
     # the gradient ops' own intermediates, alive together at their highest
-    # the gradients arriving at the outputs: the arguments after the weights
-    # (captured tensors come after them)
-    first = len(call.inputs) + sum(len(group) for group in _variables(call.layer))
-    n_grads = sum(1 for t in call.outputs if tf.as_dtype(t.dtype).is_floating)
-    upstream = [t for t in graph.inputs
-                if t.dtype.name != "resource"][first:first + n_grads]
     parts = _backward_intermediates_peak(backward, graph, xla_buffers, upstream)
     # where the schedule finds the layer's inputs held by nobody else, the
     # gradient ops may write into them
@@ -645,10 +641,10 @@ def _backward_intermediates_peak(backward: list[Any], graph: Any,
         for t in op.inputs:
             if t.name in buffer_of:
                 readers[t.name] -= 1
-                if readers[t.name] == 0 and buffer_of[t.name] not in held:
-                    freed.append(buffer_of.pop(t.name))
-                elif readers[t.name] == 0:
-                    buffer_of.pop(t.name)
+                if readers[t.name] == 0:
+                    bid = buffer_of.pop(t.name)
+                    if bid not in held:  # (the schedule frees those)
+                        freed.append(bid)
         events.append((new, freed))
     live: set[int] = set()
     peak = peak_modelled = total = ours = 0
