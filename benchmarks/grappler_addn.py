@@ -73,8 +73,11 @@ def rewritten_addns(graph, memory_mib: int) -> tuple[int, int]:
     meta.collection_def["train_op"].node_list.value.extend([t.op.name for t in graph.outputs])
     config = config_pb2.ConfigProto()
     config.graph_options.rewrite_options.min_graph_nodes = -1
-    props = device_properties_pb2.DeviceProperties(type="CPU", memory_size=memory_mib << 20,
-                                                   num_cores=os.cpu_count() or 1)
+    # this machine's CPU as grappler describes it (frequency, caches, cores),
+    # with the memory size given
+    props = device_properties_pb2.DeviceProperties()
+    props.CopyFrom(gcluster.Cluster().ListDevices()[0].properties)
+    props.memory_size = memory_mib << 20
     cluster = gcluster.Cluster(devices=[device_properties_pb2.NamedDevice(name=DEVICE,
                                                                           properties=props)])
     out = tf_optimizer.OptimizeGraph(config, meta, cluster=cluster)
