@@ -50,6 +50,20 @@ def _default_loss(output_shape: tuple[int | None, ...]) -> str:
     return "mse"
 
 
+def _output_shapes(model: Any, specs: list[tuple[str, tuple, str]]) -> list[tuple]:
+    """The shapes of ``model``'s outputs for inputs of ``specs`` (a subclassed
+    model is traced symbolically: it need not implement
+    ``compute_output_shape``)."""
+    import keras
+
+    outputs = getattr(model, "outputs", None)
+    if outputs:
+        return [tuple(o.shape) for o in outputs]
+    args = [keras.KerasTensor(shape, dtype=dtype) for _, shape, dtype in specs]
+    spec = model.compute_output_spec(args[0] if len(args) == 1 else args)
+    return [tuple(s.shape) for s in keras.tree.flatten(spec)]
+
+
 def run_steps(model: Any, batch_size: int, *, optimizer: Any, loss: Any, steps: int,
               device: str, input_shape: Any = None) -> dict[str, Any]:
     """Compile ``model``, train it on one synthetic batch, read the allocator.
@@ -71,9 +85,7 @@ def run_steps(model: Any, batch_size: int, *, optimizer: Any, loss: Any, steps: 
         else:
             xs.append(tf.constant(rng.standard_normal(shape).astype(dtype)))
     x = xs[0] if len(xs) == 1 else xs
-    outputs = model.outputs if getattr(model, "outputs", None) else None
-    out_shapes = [tuple(o.shape) for o in outputs] if outputs else [
-        tuple(model.compute_output_shape((batch_size, *specs[0][1][1:])))]
+    out_shapes = _output_shapes(model, specs)
     if loss is None:
         loss = getattr(model, "loss", None) or [_default_loss(s) for s in out_shapes]
         if isinstance(loss, list) and len(loss) == 1:
@@ -120,13 +132,20 @@ def _worker_main() -> None:
     sys.path[:0] = [p for p in spec.get("sys_path", []) if p not in sys.path]
     for name in spec.get("imports", []):
         importlib.import_module(name)
+    # classes not registered with Keras are found by the name they were saved under
+    custom = {}
+    for module, qualname in spec.get("classes", []):
+        found: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+        custom[qualname.split(".")[-1]] = found
     if spec.get("builder"):
         module, _, func = spec["builder"].partition(":")
         model = getattr(importlib.import_module(module), func)(**spec.get("builder_kwargs", {}))
     else:
         if spec.get("dtype_policy"):
             keras.config.set_dtype_policy(spec["dtype_policy"])
-        model = keras.saving.deserialize_keras_object(spec["model"])
+        model = keras.saving.deserialize_keras_object(spec["model"], custom_objects=custom)
         if spec.get("input_shape") and not model.built:
             model.build((None, *spec["input_shape"]))
     optimizer = spec.get("optimizer") or "adam"
@@ -228,9 +247,10 @@ def measure(
                 "keras.saving.register_keras_serializable, or start Python with "
                 "TF_CPU_ALLOCATOR_USE_BFC=true and pass in_process=True"
             ) from exc
-        imports = _custom_modules(model)
+        classes = _custom_classes(model)
         spec = {"model": config, "batch_size": batch_size, "optimizer": opt_spec,
-                "imports": imports, "sys_path": [p or os.getcwd() for p in sys.path],
+                "imports": sorted({m for m, _ in classes}), "classes": classes,
+                "sys_path": [p or os.getcwd() for p in sys.path],
                 "steps": steps, "device": device, "loss": _loss_spec(loss),
                 "input_shape": list(input_shape) if input_shape else None,
                 "dtype_policy": getattr(getattr(model, "dtype_policy", None), "name", None)}
@@ -298,9 +318,10 @@ def _loss_spec(loss: Any) -> Any:
     return spec
 
 
-def _custom_modules(model: Any) -> list[str]:
-    """Modules outside Keras that define the classes of ``model``'s layers,
-    for the measuring process to import before it rebuilds the model."""
+def _custom_classes(model: Any) -> list[tuple[str, str]]:
+    """The classes of ``model`` and its layers defined outside Keras, as
+    (module, qualified name), for the measuring process to import before it
+    rebuilds the model."""
     modules = set()
     for layer in [model, *model._flatten_layers(include_self=False)]:
         module = type(layer).__module__
@@ -312,7 +333,7 @@ def _custom_modules(model: Any) -> list[str]:
             f"model {model.name!r} uses class(es) defined in __main__ ({', '.join(main)}), "
             "which the measuring process cannot import: move them into a module, or start "
             "Python with TF_CPU_ALLOCATOR_USE_BFC=true and pass in_process=True")
-    return sorted({m for m, _ in modules})
+    return sorted(modules)
 
 
 def _layer_of(op_name: str, names: dict[str, str]) -> str | None:

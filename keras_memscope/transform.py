@@ -72,7 +72,9 @@ def rebuild(model: Any, *, dtype_policy: str | None = None, freeze: Freeze = Non
 
     from .graph import weightless
 
-    _check_rebuildable(model, "dtype_policy=/freeze=")
+    _check_rebuildable(model, " and ".join(
+        name for name, value in (("dtype_policy=", dtype_policy), ("freeze=", freeze))
+        if value is not None) or "rebuilding")
     config = model.get_config()
     if dtype_policy is not None:
         check_policy(dtype_policy)

@@ -63,6 +63,25 @@ def subclassed() -> keras.Model:
     return m
 
 
+class Unregistered(keras.Model):
+    """A subclassed model not registered with Keras and without
+    ``compute_output_shape``: found by its module and name."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.d1 = layers.Dense(64, activation="relu")
+        self.out = layers.Dense(3)
+
+    def call(self, x):
+        return self.out(self.d1(x))
+
+
+def unregistered() -> keras.Model:
+    m = Unregistered(name="unregistered")
+    m(keras.ops.zeros((1, 16)))
+    return m
+
+
 def multi_io() -> keras.Model:
     """Two inputs, two outputs, a raw keras.ops node."""
     img = keras.Input((8, 8, 3), name="img")

@@ -451,3 +451,14 @@ def test_measure_a_model_with_named_outputs_and_a_loss_per_output():
         "cls": keras.losses.SparseCategoricalCrossentropy(), "reg": "mse"})
     for measured in (compiled, given):
         assert measured.in_subprocess and measured.peak_bytes > measured.persistent_bytes > 0
+
+
+def test_measure_an_unregistered_subclassed_model():
+    """A subclassed model whose class Keras cannot find by name, and that has no
+    ``compute_output_shape``, is rebuilt in the measuring process from its
+    module and measured."""
+    from .models import unregistered
+
+    measured = memscope.measure(unregistered(), 32, steps=2, device="cpu")
+    assert measured.in_subprocess and measured.model_name == "unregistered"
+    assert measured.peak_bytes > measured.persistent_bytes > 0

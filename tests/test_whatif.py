@@ -130,6 +130,19 @@ def test_freeze_whatif_equals_a_frozen_model_and_restores():
         memscope.whatif(model, 16, freeze=["nope"])
 
 
+def test_subclassed_model_freezes_but_is_not_rebuilt_under_a_policy():
+    from .models import subclassed
+
+    model = subclassed()
+    frozen = memscope.whatif(model, 16, freeze=[model.d1.name], device="cpu")
+    assert all(layer.trainable for layer in model._flatten_layers())  # restored
+    model.d1.trainable = False
+    assert frozen.peak_bytes == memscope.estimate(model, 16, device="cpu").peak_bytes
+    model.d1.trainable = True
+    with pytest.raises(ValueError, match=r"^dtype_policy= needs a model that can be rebuilt"):
+        memscope.whatif(model, 16, dtype_policy="mixed_bfloat16", freeze=[model.d1.name])
+
+
 def test_remat_whatif_equals_a_model_built_under_rematscope():
     model = gelu_mlp()
     changed = memscope.whatif(model, 128, remat="activations", optimizer="adam", device="cpu")
