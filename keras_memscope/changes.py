@@ -161,7 +161,7 @@ def apply(
     """
     import keras
 
-    from .remat import FAILS_IN_FIT_ON_TF, parse_remat
+    from .remat import FAILS_IN_FIT_ON_TF, activation_blockers, blocked_note, parse_remat
     from .transform import _check_rebuildable, _set_policy, check_policy, own_config
 
     _check_rebuildable(model, "apply()")
@@ -181,6 +181,9 @@ def apply(
     if spec is not None and spec.mode == "checkpoints":
         raise ValueError("Keras has no segment checkpointing: use remat='activations' "
                          "(or wrap blocks in keras.remat yourself)")
+    if spec is not None and spec.mode == "activations" and activation_blockers(model):
+        raise ValueError("apply(remat='activations'): " + blocked_note(
+            activation_blockers(model)) + "; the model would fail in its first training step")
     if spec is not None and spec.mode in FAILS_IN_FIT_ON_TF:
         import warnings
 

@@ -330,6 +330,16 @@ def estimate(
             f"batch {batch_size} of the global {global_batch}"
             + (", rounded up" if global_batch % sharding.batch_split else ""))
 
+    from . import remat as remat_lib
+
+    remat_spec = remat_lib.parse_remat(remat)
+    # under remat='activations' every layer, in a model built under the scope
+    # the layers built in it: Keras fails on them in training, and would in the trace
+    blockers = remat_lib.activation_blockers(
+        model, scoped_only=remat_spec is None or remat_spec.mode != "activations")
+    if blockers:
+        raise ValueError(remat_lib.blocked_note(blockers) + "; Keras fails in the first "
+                         "training step, so there is no step to estimate")
     if _graphs is not None and dtype_policy is None and not rules:
         graph = _graphs.at(batch_size)  # a BatchScaler for this model
     else:
@@ -350,9 +360,6 @@ def estimate(
     loop_backlog = _loop_backlog(ops)
     loop_extra = 0
     state = optimizers.optimizer_state(opt, model, sharding.local_shapes)
-    from . import remat as remat_lib
-
-    remat_spec = remat_lib.parse_remat(remat)
     per_layer = remat_lib.model_remat(graph.calls)
     regions = remat_lib.regions(ops, graph.calls, remat_spec, per_layer)
     used = {s.mode for s in per_layer.values()} | ({remat_spec.mode} if remat_spec else set())

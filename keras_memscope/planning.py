@@ -441,8 +441,11 @@ def _remedy_candidates(model: Any, est: MemoryEstimate, profile: DeviceProfile,
                     {"optimizer": keras.optimizers.SGD(
                         momentum=0.9, gradient_accumulation_steps=steps_now or None)},
                     "one slot per weight; may need learning-rate tuning"))
-    out.append(("recompute activation functions (RematScope 'activations')",
-                {"remat": "activations"}, "recomputes activations in the backward pass"))
+    from .remat import activation_blockers
+
+    if not activation_blockers(model):
+        out.append(("recompute activation functions (RematScope 'activations')",
+                    {"remat": "activations"}, "recomputes activations in the backward pass"))
     out.append(("checkpoint about sqrt(n) segments, recompute the rest",
                 {"remat": "checkpoints"},
                 "about one more forward pass; Keras has no built-in segment checkpointing"))

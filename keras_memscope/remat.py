@@ -81,6 +81,34 @@ def parse_remat(remat: Any) -> RematSpec | None:
     raise TypeError(f"cannot use {remat!r} as remat=")
 
 
+def activation_blockers(model: Any, scoped_only: bool = False) -> list[str]:
+    """Layers of ``model`` on which Keras' RematScope ``"activations"`` fails:
+    Keras recomputes a layer's activation by assigning a wrapped function to
+    ``layer.activation`` for the call, and where that is a read-only property
+    (LSTM, GRU, SimpleRNN, ConvLSTM: their cell's activation) the first call
+    in training raises ``AttributeError`` ("property 'activation' ... has no
+    setter"). ``scoped_only``: only the layers built under that mode."""
+    import inspect
+
+    found = []
+    for layer in model._flatten_layers(include_self=False):
+        attr = inspect.getattr_static(type(layer), "activation", None)
+        mode = getattr(getattr(layer, "_remat_mode", None), "mode", None)
+        if (isinstance(attr, property) and attr.fset is None
+                and getattr(layer, "activation", None) is not None
+                and (not scoped_only or mode == "activations")):
+            found.append(layer.name)
+    return found
+
+
+def blocked_note(blockers: Sequence[str]) -> str:
+    """What to tell a user whose model Keras cannot recompute activations of."""
+    return (f"RematScope mode 'activations' fails in training on {len(blockers)} layer(s) "
+            f"whose activation Keras cannot replace ({', '.join(blockers[:3])}"
+            f"{', ...' if len(blockers) > 3 else ''}; a recurrent layer's 'activation' is a "
+            "read-only property): build those layers outside the scope")
+
+
 def model_remat(calls: Sequence[Any]) -> dict[int, RematSpec]:
     """Per call index, the RematScope mode the layer was built under, if any."""
     out = {}

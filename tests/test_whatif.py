@@ -157,6 +157,39 @@ def test_remat_whatif_equals_a_model_built_under_rematscope():
     assert changed.recompute_flops > 0
 
 
+def _recurrent(kind: str) -> keras.Model:
+    inputs = keras.Input((6, 4))
+    if kind == "Bidirectional":
+        x = layers.Bidirectional(layers.LSTM(8))(inputs)
+    else:
+        x = getattr(layers, kind)(8)(inputs)
+    return keras.Model(inputs, layers.Dense(2)(x))
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "Bidirectional"])
+def test_activation_remat_refused_where_keras_fails(kind):
+    """Keras recomputes an activation by assigning ``layer.activation``; on a
+    recurrent layer that is a read-only property and training fails. The
+    estimate, the what-if and apply() say so; suggestions leave it out."""
+    with keras.RematScope(mode="activations"):
+        scoped = _recurrent(kind)
+    scoped.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(AttributeError, match="has no setter"):
+        scoped.train_on_batch(np.zeros((2, 6, 4), "float32"), np.zeros((2, 2), "float32"))
+    refused = r"^RematScope mode 'activations' fails in training on \d layer"
+    with pytest.raises(ValueError, match=refused):
+        memscope.estimate(scoped, 4, device="cpu")
+    plain = _recurrent(kind)
+    with pytest.raises(ValueError, match=refused):
+        memscope.whatif(plain, 4, device="cpu", remat="activations")
+    with pytest.raises(ValueError, match="would fail in its first training step"):
+        memscope.apply(plain, remat="activations")
+    report = fits(plain, 4, device="cpu", memory_bytes=1000)
+    assert report.suggestions and not any(
+        s.change.get("remat") == "activations" for s in report.suggestions)
+    memscope.estimate(plain, 4, device="cpu")  # the model itself is fine
+
+
 def test_checkpoints_and_modes_that_fail_in_fit():
     model = gelu_mlp()
     seg = memscope.whatif(model, 128, remat="checkpoints", optimizer="adam", device="cpu")
