@@ -233,11 +233,107 @@ def groupnorm() -> keras.Model:
         name="groupnorm")
 
 
+# --- models first estimated in the round after the unseen set -----------------
+
+
+def twotower() -> keras.Model:
+    """Two inputs (a vector and a small image), dropout, two outputs with two
+    losses (compiled with them)."""
+    a = keras.Input((32,), name="features")
+    b = keras.Input((16, 16, 3), name="image")
+    x = layers.Dense(256, activation="relu")(a)
+    y = layers.Conv2D(32, 3, padding="same", activation="relu")(b)
+    y = layers.GlobalAveragePooling2D()(y)
+    h = layers.Dropout(0.3)(layers.Concatenate()([x, y]))
+    model = keras.Model([a, b], [layers.Dense(10, name="cls")(h), layers.Dense(1, name="reg")(h)],
+                        name="twotower")
+    model.compile(loss=["sparse_categorical_crossentropy", "mse"])
+    return model
+
+
+def bilstm() -> keras.Model:
+    """A masked embedding into a bidirectional LSTM of 64 units, max pooled."""
+    inputs = keras.Input((40,), dtype="int32")
+    x = layers.Embedding(5000, 64, mask_zero=True)(inputs)
+    x = layers.Bidirectional(layers.LSTM(64, return_sequences=True))(x)
+    x = layers.GlobalMaxPooling1D()(x)
+    return keras.Model(inputs, layers.Dense(3)(x), name="bilstm")
+
+
+def timedistributed() -> keras.Model:
+    """A convolution applied to each of 8 frames (TimeDistributed), then a GRU."""
+    inputs = keras.Input((8, 28, 28, 1))
+    x = layers.TimeDistributed(layers.Conv2D(16, 3, activation="relu"))(inputs)
+    x = layers.TimeDistributed(layers.Flatten())(x)
+    x = layers.GRU(32)(x)
+    return keras.Model(inputs, layers.Dense(5)(x), name="timedistributed")
+
+
+def skipnet() -> keras.Model:
+    """One down and one up level with a skip connection: max pooling,
+    LayerNormalization, UpSampling2D, Concatenate, SpatialDropout2D, a sigmoid
+    output compiled with binary cross-entropy."""
+    inputs = keras.Input((64, 64, 3))
+    c1 = layers.Conv2D(16, 3, padding="same", activation="relu")(inputs)
+    c2 = layers.Conv2D(32, 3, padding="same")(layers.MaxPooling2D()(c1))
+    c2 = layers.LayerNormalization()(c2)
+    u = layers.Concatenate()([layers.UpSampling2D()(c2), c1])
+    u = layers.SpatialDropout2D(0.1)(u)
+    model = keras.Model(inputs, layers.Conv2D(1, 1, activation="sigmoid")(u), name="skipnet")
+    model.compile(loss="binary_crossentropy")
+    return model
+
+
+class ResidualMLP(keras.Model):
+    """A subclassed model: gelu, a residual BatchNormalization branch, relu."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.d1 = layers.Dense(512, activation="gelu")
+        self.d2 = layers.Dense(512)
+        self.bn = layers.BatchNormalization()
+        self.out = layers.Dense(10)
+
+    def call(self, x, training=False):
+        h = self.d1(x)
+        h = self.bn(self.d2(h), training=training) + h
+        return self.out(keras.ops.relu(h))
+
+
+def subclassed() -> keras.Model:
+    """:class:`ResidualMLP` on 128 features, built by calling it once."""
+    model = ResidualMLP(name="subclassed")
+    model(keras.ops.zeros((1, 128)))
+    return model
+
+
+def causal() -> keras.Model:
+    """A causal self-attention block (4 heads) with a residual and a ReLU MLP."""
+    inputs = keras.Input((64, 128))
+    x = layers.MultiHeadAttention(4, 32)(inputs, inputs, use_causal_mask=True)
+    x = layers.LayerNormalization()(layers.Add()([inputs, x]))
+    x = layers.Dense(128)(layers.Dense(512, activation="relu")(x))
+    x = layers.GlobalAveragePooling1D()(x)
+    return keras.Model(inputs, layers.Dense(4)(x), name="causal")
+
+
+def strided() -> keras.Model:
+    """Strided and dilated convolutions, ELU, PReLU, average pooling, softmax."""
+    return keras.Sequential([
+        keras.Input((96, 96, 3)),
+        layers.Conv2D(32, 5, strides=2, activation="elu"), layers.BatchNormalization(),
+        layers.Conv2D(64, 3, dilation_rate=2), layers.PReLU(),
+        layers.AveragePooling2D(2), layers.Flatten(), layers.Dense(10, activation="softmax")],
+        name="strided")
+
+
 ZOO = {f.__name__: f for f in (mlp, cnn, resnet50, mobilenetv2, vgg16, densenet121, lstm,
                                transformer)}
 HELD_OUT = {f.__name__: f for f in (unet, gru, vit, separable)}
 UNSEEN = {f.__name__: f for f in (convnext, efficientnetb0, mobilenetv3small, xception,
                                   nasnetmobile, textcnn, autoencoder, groupnorm)}
+FRESH = {f.__name__: f for f in (twotower, bilstm, timedistributed, skipnet, subclassed, causal,
+                                 strided)}
 
 
 # --- large models, estimated without building their weights ------------------

@@ -455,6 +455,8 @@ def estimate(
                              result.layer_workspace_bytes, flops, timed)
     if method == "graph" and profile.kind == "cpu":
         notes += _grouped_convolution_notes(graph, records)
+    if profile.kind == "gpu":
+        notes.append(_xla_note(model))
     trainable = [w for w in graph.variables if w.trainable]
     # new buffers per update: the optimizer's, and the copy of a weight its
     # input gradient still reads
@@ -508,6 +510,20 @@ def estimate(
         remat=(remat_spec.describe() if remat_spec else
                ", ".join(sorted({s.describe() for s in per_layer.values()}))),
     )
+
+
+def _xla_note(model: Any) -> str:
+    """Keras compiles the training step with XLA where a GPU is present:
+    ``compile(jit_compile="auto")``, its default, resolves to True on the
+    TensorFlow backend when the machine has a GPU, no tf.distribute strategy
+    is used and every layer supports it (``Trainer._resolve_auto_jit_compile``)."""
+    told = getattr(model, "_jit_compile", None) if getattr(model, "compiled", False) else None
+    said = (" (this model was compiled with jit_compile=True)" if told is True else "")
+    return ("on a GPU, Keras compiles the training step with XLA unless the model is "
+            "compiled with jit_compile=False (the default, 'auto', turns it on where a GPU "
+            f"is present and every layer supports it){said}: this estimate follows "
+            "TensorFlow's executor without XLA, whose buffers XLA's assigns otherwise; "
+            "compile with jit_compile=False to train as estimated")
 
 
 def _grouped_convolution_notes(graph: ModelGraph, records: Sequence[LayerRecord]) -> list[str]:

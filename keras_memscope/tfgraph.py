@@ -493,8 +493,13 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
                                                  placeholders, taken)
     donors = tuple(ref[t.name] for t in placeholders if t.name in taken)
     if prims and (parts or donors):
-        # on the first prim the gradient goes through: its gradient runs last,
-        # when the layer's gradient ends
+        # where in the layer's gradient its intermediates peak, beside what,
+        # the prims do not say: they are held when the layer's gradient ends,
+        # beside the gradients it hands back (a normalization's partial
+        # products beside its input gradient), and again, as one more
+        # temporary, when it starts, beside all the layer keeps (PReLU's two
+        # products of the incoming gradient, one with each kept ReLU output,
+        # alive with both in the allocator trace); the higher counts
         i = _first_on_gradient_path(prims)
         first = prims[i]
         prims[i] = Prim(**{**first.__dict__,
@@ -504,12 +509,36 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
                            "backward_workspace_parts_if_free":
                                parts_if_free if donors else (),
                            "backward_donors": donors})
+        j = _last_on_gradient_path(prims)
+        if j != i and parts:
+            last = prims[j]
+            own = last.backward_workspace_parts or (
+                (last.backward_workspace_bytes,) if last.backward_workspace_bytes else ())
+            # (where the layer's inputs are free, written into them here too)
+            prims[j] = Prim(**{**last.__dict__,
+                               "backward_workspace_bytes": sum(own) + sum(parts),
+                               "backward_workspace_parts": own + parts,
+                               "backward_workspace_parts_if_free":
+                                   own + parts_if_free if donors else (),
+                               "backward_donors": donors})
     return _only_known_saves(prims)
+
+
+def _last_on_gradient_path(prims: list[Prim]) -> int:
+    """The last prim that writes one of the call's outputs from something
+    differentiable: the schedule runs its gradient first, while everything the
+    layer keeps is still alive."""
+    for i in range(len(prims) - 1, -1, -1):
+        p = prims[i]
+        if p.grad_inputs() and any(r.startswith("out") for r, _ in p.outputs):
+            return i
+    return len(prims) - 1
 
 
 def _first_on_gradient_path(prims: list[Prim]) -> int:
     """The first prim whose outputs reach the call's outputs through
-    differentiable inputs (0 when none does)."""
+    differentiable inputs (0 when none does): the schedule runs its gradient
+    last, when the layer's gradient ends."""
     reached = {r for p in prims for r, _ in p.outputs if r.startswith("out")}
     first = 0
     for i in range(len(prims) - 1, -1, -1):

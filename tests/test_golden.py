@@ -62,3 +62,23 @@ def test_resnet50_parameters(batch):
                             optimizer="sgd")
     assert est.params == 25_636_712
     assert sum(r.params for r in est.layers) == est.params
+
+
+def test_gpu_estimate_says_keras_compiles_the_step_with_xla(monkeypatch):
+    """Keras' default compile(jit_compile="auto") turns XLA on where a GPU is
+    present (checked here with a GPU faked into TensorFlow's device list); a
+    GPU estimate, which follows the executor without XLA, says so."""
+    import tensorflow as tf
+
+    model = seed_mlp()
+    real = tf.config.list_physical_devices
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: real(kind) + (
+        [tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")] if kind in (None, "GPU")
+        else []))
+    model.compile(optimizer="sgd", loss="mse")
+    assert model.jit_compile is True
+    monkeypatch.undo()
+    gpu = memscope.estimate(model, 32, device="a100-40gb")
+    (note,) = [n for n in gpu.notes if "XLA" in n]
+    assert "jit_compile=False" in note and "compiled with jit_compile=True" in note
+    assert not any("XLA" in n for n in memscope.estimate(model, 32, device="cpu").notes)
