@@ -522,7 +522,7 @@ def _xla_note(model: Any) -> str:
     return ("on a GPU, Keras compiles the training step with XLA unless the model is "
             "compiled with jit_compile=False (the default, 'auto', turns it on where a GPU "
             f"is present and every layer supports it){said}: this estimate follows "
-            "TensorFlow's executor without XLA, whose buffers XLA's assigns otherwise; "
+            "TensorFlow's executor without XLA, whose buffers XLA assigns otherwise; "
             "compile with jit_compile=False to train as estimated")
 
 

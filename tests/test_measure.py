@@ -462,3 +462,63 @@ def test_measure_an_unregistered_subclassed_model():
     measured = memscope.measure(unregistered(), 32, steps=2, device="cpu")
     assert measured.in_subprocess and measured.model_name == "unregistered"
     assert measured.peak_bytes > measured.persistent_bytes > 0
+
+
+PROFILED_PEAK = r"""
+import glob, json, sys, tempfile
+import numpy as np, keras, tensorflow as tf
+from keras_memscope.measure import _xspace_events
+{model}
+model.train_on_batch(x, y)
+logdir = tempfile.mkdtemp()
+tf.profiler.experimental.start(logdir)
+model.train_on_batch(x, y)
+tf.profiler.experimental.stop()
+path = glob.glob(f"{{logdir}}/**/*.xplane.pb", recursive=True)[0]
+live, now, most, made = {{}}, 0, 0, []
+for name, s in _xspace_events(path, ("MemoryAllocation", "MemoryDeallocation")):
+    if not str(s.get("allocator_name", "")).startswith("bfc_cpu"):
+        continue
+    if name == "MemoryAllocation":
+        live[s["addr"]] = s.get("requested_bytes") or 0
+        now += live[s["addr"]]
+        made.append([s.get("tf_op", ""), live[s["addr"]]])
+    else:
+        now -= live.pop(s["addr"], 0)
+    most = max(most, now)
+print(json.dumps([most, made]))
+"""
+
+PRELU = r"""
+model = keras.Sequential([keras.Input((32, 32, 16)), keras.layers.Conv2D(32, 3, padding="same"),
+                          keras.layers.PReLU(), keras.layers.AveragePooling2D(2),
+                          keras.layers.Flatten(), keras.layers.Dense(10)])
+model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+x, y = tf.constant(np.ones((32, 32, 32, 16), "float32")), tf.constant(np.zeros((32,), "int32"))
+"""
+
+
+def test_gradient_intermediates_held_beside_all_a_layer_keeps():
+    """What ``tfgraph`` models by holding a layer's gradient intermediates
+    where its gradient starts as well as where it ends: PReLU keeps both
+    ReLU outputs, and its gradient's first ops multiply the incoming
+    gradient by each, so five PReLU-sized tensors are alive at the step's
+    peak. The estimate's tensors at its peak (without the allocator's
+    chunks, the weights and the batch) are the step's most requested bytes
+    alive; held only where the layer's gradient ends, one kept output was
+    already freed (four tensors)."""
+    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run([sys.executable, "-c", PROFILED_PEAK.format(model=PRELU)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    most, made = json.loads(proc.stdout.strip().splitlines()[-1])
+    size = 32 * 32 * 32 * 32 * 4
+    products = [op for op, n in made if n == size and op.startswith("gradient_tape")
+                and "/mul/" in op]
+    assert len(products) == 2, made
+    assert most >= 5 * size, (most, made)
+    namespace = {"keras": keras, "np": __import__("numpy"), "tf": __import__("tensorflow")}
+    exec(PRELU, namespace)
+    est = memscope.estimate(namespace["model"], 32, device="cpu")
+    step = est.activations_bytes + est.gradients_bytes + est.workspace_bytes
+    assert abs(step - most) <= 0.05 * most, (step, most)
