@@ -16,22 +16,37 @@ from .records import MemoryEstimate
 Freeze = Iterable[str] | Callable[[Any], bool] | None
 
 
-def _layers(model: Any) -> dict[str, Any]:
-    return {layer.name: layer for layer in model._flatten_layers(include_self=False)}
-
-
 def _chosen(model: Any, freeze: Freeze) -> list[Any]:
-    layers = _layers(model)
+    """The layers ``freeze`` names (every layer of a name, nested ones too:
+    the sublayers of different attention layers share theirs), or those its
+    predicate picks."""
+    layers = list(model._flatten_layers(include_self=False))
     if isinstance(freeze, str):
         freeze = [freeze]  # one layer's name
     if callable(freeze):
-        return [layer for layer in layers.values() if freeze(layer)]
+        return [layer for layer in layers if freeze(layer)]
     chosen = []
     for name in freeze or ():
-        if name not in layers:
+        named = [layer for layer in layers if layer.name == name]
+        if not named:
             raise ValueError(f"no layer named {name!r} in model {model.name!r}")
-        chosen.append(layers[name])
+        chosen += [layer for layer in named if layer not in chosen]
     return chosen
+
+
+def weighted_layers(model: Any) -> list[Any]:
+    """The outermost layers that own trainable weights, in order: a recurrent
+    layer rather than its cell, an attention layer rather than its
+    projections; nested models are opened."""
+    import keras
+
+    found = []
+    for layer in model._flatten_layers(include_self=False, recursive=False):
+        if isinstance(layer, keras.Model):
+            found += weighted_layers(layer)
+        elif layer.trainable_weights:
+            found.append(layer)
+    return found
 
 
 @contextlib.contextmanager

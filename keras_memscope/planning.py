@@ -449,9 +449,9 @@ def _remedy_candidates(model: Any, est: MemoryEstimate, profile: DeviceProfile,
     out.append(("checkpoint about sqrt(n) segments, recompute the rest",
                 {"remat": "checkpoints"},
                 "about one more forward pass; Keras has no built-in segment checkpointing"))
-    with_weights = [layer.name for layer in model._flatten_layers(include_self=False)
-                    if layer.trainable_weights and not layer._flatten_layers(
-                        include_self=False, recursive=False)]
+    from .changes import weighted_layers
+
+    with_weights = [layer.name for layer in weighted_layers(model)]
     half = with_weights[: len(with_weights) // 2]
     if half:
         out.append((f"freeze the first {len(half)} of {len(with_weights)} layers with weights "

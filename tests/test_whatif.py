@@ -143,6 +143,32 @@ def test_subclassed_model_freezes_but_is_not_rebuilt_under_a_policy():
         memscope.whatif(model, 16, dtype_policy="mixed_bfloat16", freeze=[model.d1.name])
 
 
+def test_freezing_by_a_name_that_nested_layers_share():
+    """The projections of two attention layers share their names ("query",
+    ...): freezing by that name freezes every one of them, and the freeze
+    suggestion names outer layers (the attention, the recurrent layer, not
+    its cell)."""
+    inputs = keras.Input((8, 16))
+    x = layers.MultiHeadAttention(2, 8)(inputs, inputs)
+    x = layers.MultiHeadAttention(2, 8)(x, x)
+    x = layers.Bidirectional(layers.LSTM(4))(x)
+    model = keras.Model(inputs, layers.Dense(2)(x))
+    queries = [layer for layer in model._flatten_layers() if layer.name == "query"]
+    assert len(queries) == 2
+    changed = memscope.whatif(model, 4, freeze=["query"], device="cpu")
+    for layer in queries:
+        layer.trainable = False
+    assert changed.peak_bytes == memscope.estimate(model, 4, device="cpu").peak_bytes
+    assert changed.trainable_params == sum(
+        int(np.prod(w.shape)) for w in model.trainable_weights)
+    for layer in queries:
+        layer.trainable = True
+    report = fits(model, 4, device="cpu", memory_bytes=1000)
+    (freeze,) = [s for s in report.suggestions if set(s.change) == {"freeze"}]
+    assert freeze.change["freeze"] == [model.layers[1].name, model.layers[2].name]
+    assert freeze.title.startswith("freeze the first 2 of 4 layers with weights")
+
+
 def test_remat_whatif_equals_a_model_built_under_rematscope():
     model = gelu_mlp()
     changed = memscope.whatif(model, 128, remat="activations", optimizer="adam", device="cpu")
