@@ -634,8 +634,10 @@ def _loop_notes(backlog: list[tuple[str, int]], extra: int) -> list[str]:
         "They fall behind when TensorFlow's graph optimizer orders the state gradient "
         "last among the readers of a step's gate gradients and the per-step weight "
         "products are the slower work, which depends on the whole training step and "
-        "the CPU (seen after an Embedding with Adam, AdamW or Adagrad, not with SGD "
-        "or RMSprop)"
+        "the CPU: on one 2-core CPU after an Embedding with Adam, AdamW or Adagrad and "
+        "not with SGD or RMSprop, on another with SGD in two of three processes and a "
+        "bidirectional LSTM with Adam in all; where it must fit, plan for "
+        "possible_extra_bytes (fits(...).worst_case_fits)"
         for name, n in backlog]
     notes.append(f"with every recurrent loop's backlog held, the simulated peak is "
                  f"{human_bytes(extra)} higher (possible_extra_bytes)")
