@@ -113,7 +113,8 @@ def test_optimizer_slots_start_shared_and_are_copied_at_first_update():
     assert second == 0
 
 
-PROFILED_STEP = r"""
+#: One training step of ``{model}`` profiled after a first: its trace at ``path``.
+PROFILED = r"""
 import glob, json, sys, tempfile
 import numpy as np, keras, tensorflow as tf
 from keras_memscope.measure import _xspace_events
@@ -124,6 +125,9 @@ tf.profiler.experimental.start(logdir)
 model.train_on_batch(x, y)
 tf.profiler.experimental.stop()
 path = glob.glob(f"{{logdir}}/**/*.xplane.pb", recursive=True)[0]
+"""
+
+PROFILED_STEP = PROFILED + r"""
 events = _xspace_events(path, ("MemoryAllocation",))
 print(json.dumps([[s.get("tf_op", ""), s.get("requested_bytes", 0)] for _, s in events]))
 """
@@ -464,17 +468,7 @@ def test_measure_an_unregistered_subclassed_model():
     assert measured.peak_bytes > measured.persistent_bytes > 0
 
 
-PROFILED_PEAK = r"""
-import glob, json, sys, tempfile
-import numpy as np, keras, tensorflow as tf
-from keras_memscope.measure import _xspace_events
-{model}
-model.train_on_batch(x, y)
-logdir = tempfile.mkdtemp()
-tf.profiler.experimental.start(logdir)
-model.train_on_batch(x, y)
-tf.profiler.experimental.stop()
-path = glob.glob(f"{{logdir}}/**/*.xplane.pb", recursive=True)[0]
+PROFILED_PEAK = PROFILED + r"""
 live, now, most, made = {{}}, 0, 0, []
 for name, s in _xspace_events(path, ("MemoryAllocation", "MemoryDeallocation")):
     if not str(s.get("allocator_name", "")).startswith("bfc_cpu"):
