@@ -40,9 +40,11 @@ CASES = [
 
 
 def _first_half(model: keras.Model) -> list[str]:
-    names = [layer.name for layer in model._flatten_layers(include_self=False)
-             if layer.weights and not layer._flatten_layers(include_self=False,
-                                                           recursive=False)]
+    """The first half of the layers that own weights, as ``fits`` suggests
+    freezing them."""
+    from keras_memscope.changes import weighted_layers
+
+    names = [layer.name for layer in weighted_layers(model)]
     return names[: len(names) // 2]
 
 

@@ -196,9 +196,11 @@ def apply(
     if spec is not None and spec.mode == "checkpoints":
         raise ValueError("Keras has no segment checkpointing: use remat='activations' "
                          "(or wrap blocks in keras.remat yourself)")
-    if spec is not None and spec.mode == "activations" and activation_blockers(model):
-        raise ValueError("apply(remat='activations'): " + blocked_note(
-            activation_blockers(model)) + "; the model would fail in its first training step")
+    blockers = activation_blockers(model) if spec is not None and \
+        spec.mode == "activations" else []
+    if blockers:
+        raise ValueError("apply(remat='activations'): " + blocked_note(blockers)
+                         + "; the model would fail in its first training step")
     if spec is not None and spec.mode in FAILS_IN_FIT_ON_TF:
         import warnings
 

@@ -127,12 +127,11 @@ def _worker_main() -> None:
 
     import keras
 
-    # the modules that define the model's own layer classes, importable here
-    # as they were in the caller
+    # the caller's import path
     sys.path[:0] = [p for p in spec.get("sys_path", []) if p not in sys.path]
-    for name in spec.get("imports", []):
-        importlib.import_module(name)
-    # classes not registered with Keras are found by the name they were saved under
+    # the classes of the model defined outside Keras, importable here as they
+    # were in the caller: not registered with Keras, they are found by the
+    # name they were saved under
     custom = {}
     for module, qualname in spec.get("classes", []):
         found: Any = importlib.import_module(module)
@@ -249,7 +248,7 @@ def measure(
             ) from exc
         classes = _custom_classes(model)
         spec = {"model": config, "batch_size": batch_size, "optimizer": opt_spec,
-                "imports": sorted({m for m, _ in classes}), "classes": classes,
+                "classes": classes,
                 "sys_path": [p or os.getcwd() for p in sys.path],
                 "steps": steps, "device": device, "loss": _loss_spec(loss),
                 "input_shape": list(input_shape) if input_shape else None,
@@ -322,18 +321,18 @@ def _custom_classes(model: Any) -> list[tuple[str, str]]:
     """The classes of ``model`` and its layers defined outside Keras, as
     (module, qualified name), for the measuring process to import before it
     rebuilds the model."""
-    modules = set()
+    classes = set()
     for layer in [model, *model._flatten_layers(include_self=False)]:
         module = type(layer).__module__
         if module.split(".")[0] not in ("keras", "tensorflow", "tf_keras", "keras_hub"):
-            modules.add((module, type(layer).__qualname__))
-    main = sorted(q for m, q in modules if m == "__main__")
+            classes.add((module, type(layer).__qualname__))
+    main = sorted(q for m, q in classes if m == "__main__")
     if main:
         raise ValueError(
             f"model {model.name!r} uses class(es) defined in __main__ ({', '.join(main)}), "
             "which the measuring process cannot import: move them into a module, or start "
             "Python with TF_CPU_ALLOCATOR_USE_BFC=true and pass in_process=True")
-    return sorted(modules)
+    return sorted(classes)
 
 
 def _layer_of(op_name: str, names: dict[str, str]) -> str | None:
