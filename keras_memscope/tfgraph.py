@@ -322,8 +322,9 @@ def _trace(call: CallRecord, xla_buffers: bool = True) -> list[Prim]:
     # (captured tensors come after them)
     args = [t for t in graph.inputs if t.dtype.name != "resource"]
     upstream = args[n_in + len(weight_specs):n_in + len(weight_specs) + len(grad_specs)]
-    return _to_prims(call, graph, ops[:split], _run(graph, ops[split:]), out_names,
-                     xla_buffers, upstream)
+    forward, backward = _hoist(graph, ops[:split], _run(graph, ops[split:]), upstream)
+    return _to_prims(call, graph, forward, backward, out_names, xla_buffers, upstream,
+                     hoisted={op.name for op in forward} - {op.name for op in ops[:split]})
 
 
 def _gathers_rows(op: Any) -> bool:
@@ -355,9 +356,80 @@ def _run(graph: Any, backward: list[Any]) -> list[Any]:
     return [op for op in backward if op.name in needed or op._is_stateful]
 
 
+def _hoist(graph: Any, forward: list[Any], backward: list[Any],
+           upstream: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    """The forward ops followed by the gradient ops that run in the forward
+    pass, and the gradient ops left.
+
+    TensorFlow's executor runs an op as soon as its inputs are ready, so a
+    gradient op that reads only forward tensors (GELU's ``Square`` of its
+    scaled input, ``Abs``'s ``Sign``, the ``-x`` of a division's gradient)
+    runs beside the forward pass and its result is held, instead of the
+    tensors it reads, until the gradient needs it (allocator traces of fresh
+    processes: each GELU's ``Square`` is allocated right after its input,
+    before the next layer's matmul). A control dependency holds such an op
+    back where grappler keeps it: the variance's ``x - mean`` in a
+    normalization's gradient waits for the incoming gradient; GELU's
+    ``Square`` loses its dependency when grappler rewrites the product it
+    waited for. Grappler is run on the layer's graph to see which it keeps."""
+    waits = {t.name for t in upstream}
+    made = {t.name: op for op in forward for t in op.outputs}
+    free: list[Any] = []
+    for op in backward:
+        if any(t.name in waits for t in op.inputs) or op._is_stateful:
+            waits.update(t.name for t in op.outputs)
+        elif (op.type not in FREE_OPS and op.type not in SHAPE_ONLY_OPS
+              and any(t.name in made or t.op.type == "Placeholder" for t in op.inputs)):
+            free.append(op)
+            made.update({t.name: op for t in op.outputs})
+        # (else a constant, or a shape: ready, nothing to run early)
+    if not free:
+        return forward, backward
+    held = {op.name for op in free if op.control_inputs}
+    if held:
+        held -= _control_free(graph, held)
+    out = list(forward)
+    blocked = set(held)
+    for op in free:
+        if op.name in blocked or any(t.op.name in blocked for t in op.inputs):
+            blocked.add(op.name)
+            continue
+        # run right after the last op it reads
+        producers = {t.op.name for t in op.inputs}
+        at = max((i + 1 for i, o in enumerate(out) if o.name in producers), default=0)
+        out.insert(at, op)
+    names = {op.name for op in out} - {op.name for op in forward}
+    return out, [op for op in backward if op.name not in names]
+
+
+def _control_free(graph: Any, names: set[str]) -> set[str]:
+    """Which of these ops grappler's rewrite of the graph (as the runtime
+    optimizes a function: default options, this machine's CPU) leaves without
+    a control input; an op it removes or renames counts as held."""
+    import tensorflow as tf
+    from tensorflow.core.protobuf import config_pb2
+    from tensorflow.python.grappler import tf_optimizer
+
+    try:
+        graph_def = graph.as_graph_def(add_shapes=True)
+        for node in graph_def.node:
+            node.device = "/job:localhost/replica:0/task:0/device:CPU:0"
+        meta = tf.compat.v1.train.export_meta_graph(graph_def=graph_def, graph=graph)
+        meta.collection_def["train_op"].node_list.value.extend(
+            [t.op.name for t in graph.outputs])
+        config = config_pb2.ConfigProto()
+        config.graph_options.rewrite_options.min_graph_nodes = -1
+        out = tf_optimizer.OptimizeGraph(config, meta)
+    except Exception:
+        return set()
+    return {n.name for n in out.node
+            if n.name in names and not any(i.startswith("^") for i in n.input)}
+
+
 def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
               backward: list[Any], out_names: list[str],
-              xla_buffers: bool = True, upstream: Sequence[Any] = ()) -> list[Prim]:
+              xla_buffers: bool = True, upstream: Sequence[Any] = (),
+              hoisted: set[str] = frozenset()) -> list[Prim]:
     placeholders = [t for t in graph.inputs if t.dtype.name != "resource"][:len(call.inputs)]
     ref: dict[str, str] = {t.name: f"in{i}" for i, t in enumerate(placeholders)}
     # weights: each weight placeholder is the weight's reference
@@ -372,6 +444,8 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
     out_ref = {t.name: f"out{i}" for i, t in enumerate(outs)}
     prims: list[Prim] = []
     n = 0
+    in_activation: set[str] = set()  # hoisted ops that read the activation's tensors
+    early: list[int] = []  # the hoisted ops' prims
     for op in forward:
         if op.type in FREE_OPS or op.type == "ReadVariableOp" or not op.outputs:
             continue
@@ -404,8 +478,14 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
                 if t.name in saved and t.name in ref and not ref[t.name].startswith("w#")]
         grad_inputs = [ref[t.name] for t in op.inputs
                        if t.name in ref and t.dtype.is_floating]
+        if op.name in hoisted:
+            grad_inputs = []  # a gradient op: nothing flows back through it
+            if any(f"{ACTIVATION_SCOPE}/" in t.op.name or t.op.name in in_activation
+                   for t in op.inputs):
+                in_activation.add(op.name)  # recomputed with the activation
         if _custom_gradient(op):
-            read_forward = {x.name for o in forward for x in o.inputs}
+            read_forward = {x.name for o in forward if o.name not in hoisted
+                            for x in o.inputs}
             # tf.custom_gradient: the gradient goes straight to the function's
             # arguments (the inputs whose identities nobody reads), not back
             # through the ops that computed its results
@@ -469,9 +549,13 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             macs=_macs(op), kernel=_FAMILY.get(op.type, ""), gemm_min_dim=_gemm_min_dim(op),
             workspace_for=workspace_for, backward_workspace_bytes=bwd_ws,
             forward_workspace_bytes=fwd_ws,
-            role="activation" if f"{ACTIVATION_SCOPE}/" in op.name else "",
+            role="activation" if (f"{ACTIVATION_SCOPE}/" in op.name
+                                  or op.name in in_activation) else "",
             **upcast,
         ))
+        if op.name in hoisted:
+            early.append(len(prims) - 1)
+    _hold_early_results(prims, early)
     # outputs the graph returns without an op of their own (a call returning
     # its input): views
     made = {r for p in prims for r, _ in p.outputs}
@@ -522,6 +606,47 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
                                    own + parts_if_free if donors else (),
                                "backward_donors": donors})
     return _only_known_saves(prims)
+
+
+def _hold_early_results(prims: list[Prim], early: list[int]) -> None:
+    """Keep what a gradient op run in the forward pass hands its gradient.
+
+    Such a prim has no gradient of its own, so the schedule would not keep
+    its result; the prim that keeps it instead is the first after it that
+    reads what it read (GELU's ``erfc(z)`` for the ``exp(-z**2)`` of its
+    gradient, computed from ``z``) and has a gradient, reading it there too.
+    Where none does, the layer's last prim on the gradient path keeps it."""
+    position = set(early)
+    made_by = {r: i for i, p in enumerate(prims) for r, _ in p.outputs}
+    for i in early:
+        p = prims[i]
+        kept = [r for r in p.save if r in {o for o, _ in p.outputs}]
+        if not kept:
+            continue
+        # what the chain of early ops this one ends started from
+        roots: set[str] = set()
+        stack = list(p.inputs)
+        while stack:
+            r = stack.pop()
+            j = made_by.get(r)
+            if j in position:
+                stack.extend(prims[j].inputs)
+            else:
+                roots.add(r)
+        later = [j for j in range(i + 1, len(prims))
+                 if j not in position and prims[j].grad_inputs()]
+        owner = next((j for j in later if roots & set(prims[j].inputs)), None)
+        if owner is None:
+            last = _last_on_gradient_path(prims)
+            owner = last if last in later else None
+        prims[i] = Prim(**{**p.__dict__, "save": tuple(r for r in p.save if r not in kept)})
+        if owner is not None:
+            q = prims[owner]
+            prims[owner] = Prim(**{**q.__dict__,
+                                   "inputs": q.inputs + tuple(r for r in kept
+                                                              if r not in q.inputs),
+                                   "differentiable": q.grad_inputs(),
+                                   "save": q.save + tuple(kept)})
 
 
 def _last_on_gradient_path(prims: list[Prim]) -> int:

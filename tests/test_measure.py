@@ -516,3 +516,46 @@ def test_gradient_intermediates_held_beside_all_a_layer_keeps():
     est = memscope.estimate(namespace["model"], 32, device="cpu")
     step = est.activations_bytes + est.gradients_bytes + est.workspace_bytes
     assert abs(step - most) <= 0.05 * most, (step, most)
+
+
+GELU_NORM = r"""
+model = keras.Sequential([keras.Input((64, 128)), keras.layers.Dense(512, activation="gelu"),
+                          keras.layers.Dense(128), keras.layers.LayerNormalization(),
+                          keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(10)])
+model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+x, y = tf.constant(np.ones((16, 64, 128), "float32")), tf.constant(np.zeros((16,), "int32"))
+"""
+
+
+def test_gradient_ops_that_read_only_forward_tensors_run_in_the_forward_pass():
+    """What ``tfgraph`` models by running such gradient ops with the forward
+    pass: TensorFlow allocates GELU's ``Square`` (of its erfc's argument, for
+    the gradient) before any other gradient op, while LayerNormalization's
+    ``x - mean``, held back by a control dependency that grappler keeps,
+    waits for the backward pass. The traced GELU layer computes the square
+    with the forward prims, as a prim with no gradient of its own, and keeps
+    its result (for the erfc's gradient); the normalization keeps nothing of
+    the kind."""
+    from keras_memscope.graph import trace_model
+    from keras_memscope.tfgraph import traced_prims
+
+    events = _profiled_allocations(GELU_NORM)
+    ops = [op for op, _ in events]
+    first_gradient = next(i for i, op in enumerate(ops)
+                          if op.startswith("gradient_tape/") and "Gelu/Square" not in op)
+    squares = [i for i, op in enumerate(ops) if "Gelu/Square" in op]
+    assert squares and max(squares) < first_gradient, ops
+    assert not any("moments/sub" in op for op in ops[:first_gradient]), ops
+
+    namespace = {"keras": keras, "np": __import__("numpy"), "tf": __import__("tensorflow")}
+    exec(GELU_NORM, namespace)
+    model = namespace["model"]
+    calls = trace_model(model, 16).calls
+    dense, norm = ([c for c in calls if c.layer is model.layers[i]][0] for i in (0, 2))
+    prims = traced_prims(dense)
+    early = [i for i, p in enumerate(prims) if p.differentiable == ()]
+    assert early, prims
+    kept = {r for i in early for r, _ in prims[i].outputs} & {
+        r for p in prims[early[-1] + 1:] for r in p.save}
+    assert kept, prims
+    assert not [p for p in traced_prims(norm) if p.differentiable == ()]
