@@ -1,15 +1,17 @@
 """Predicted against measured saving of each remedy, on this CPU.
 
 For each model, the baseline training step and the step with one remedy are
-measured (fresh processes, BFC allocator, the highest of 3 processes' maxima;
-cached with the machine they were taken on, ``benchmarks.machine``, and
-measured again on another) and estimated (``memscope.whatif``). The saving
+measured (fresh processes, BFC allocator, the highest of the processes'
+maxima, 3 or ``--processes``; cached with the machine they were taken on,
+``benchmarks.machine``, and measured again on another) and estimated
+(``memscope.whatif``). The saving
 is baseline minus remedy; the error is (predicted saving - measured saving)
 / measured saving. The range "between processes" is the saving any pair of
 measuring processes shows (lowest baseline minus highest remedy, to highest
-minus lowest).
+minus lowest); "saving of the medians" is the median baseline minus the
+median remedy, less moved by one high or low process.
 
-    python -m benchmarks.remedies
+    python -m benchmarks.remedies [--processes 6]
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -96,31 +99,41 @@ def measured(spec: dict, cache: dict, here: dict, processes: int = 3) -> list[in
     key = json.dumps(spec, sort_keys=True)
     entry = cache.get(key)
     if not isinstance(entry, dict) or entry.get("machine") != here:
-        cache[key] = {"maxima": [max(measure_subprocess(spec)["step_peak_bytes"])
-                                 for _ in range(processes)], "machine": here}
+        entry = cache[key] = {"maxima": [], "machine": here}
+    # (more processes than the cache holds: the missing ones are measured)
+    while len(entry["maxima"]) < processes:
+        entry["maxima"].append(max(measure_subprocess(spec)["step_peak_bytes"]))
         CACHE.parent.mkdir(exist_ok=True)
         CACHE.write_text(json.dumps(cache, indent=1))
-    return cache[key]["maxima"]
+    return entry["maxima"]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
     import keras_memscope as memscope
     from benchmarks import machine, zoo
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--processes", type=int, default=3,
+                        help="measuring processes per configuration (at least; the "
+                             "cache's are all used)")
+    args_ = parser.parse_args(argv)
 
     cache = json.loads(CACHE.read_text()) if CACHE.exists() else {}
     mib = 2**20
     here = machine.facts()
     print(f"machine: {machine.describe(here)}\n", flush=True)
     methods = ("graph", "rules")
-    print("| model | batch | remedy | measured MiB (before -> after) | saving measured "
-          "| between processes | "
+    print("| model | batch | remedy | processes | measured MiB (before -> after) "
+          "| saving measured | saving of the medians | between processes | "
           + " | ".join(f"{m} MiB (before -> after) | {m} saving | {m} error"
                        for m in methods) + " |")
-    print("|---|---|---|---|---|---|" + "---|---|---|" * len(methods))
+    print("|---|---|---|---|---|---|---|---|" + "---|---|---|" * len(methods))
     errors: dict[str, list[float]] = {m: [] for m in methods}
     for name, batch, title, change in CASES:
-        base_all = measured(_spec(name, batch, {}), cache, here)
-        rem_all = measured(_spec(name, batch, change), cache, here)
+        base_all = measured(_spec(name, batch, {}), cache, here, args_.processes)
+        rem_all = measured(_spec(name, batch, change), cache, here, args_.processes)
         base_m, rem_m = max(base_all), max(rem_all)
         # the saving any pair of processes shows
         low, high = min(base_all) - max(rem_all), max(base_all) - min(rem_all)
@@ -141,11 +154,12 @@ def main() -> int:
             errors[method].append(abs(err))
             cells.append(f"{base_e.peak_bytes / mib:.0f} -> {rem_e.peak_bytes / mib:.0f} | "
                          f"{saved_e / mib:.0f} MiB | {err:+.0%}")
-        print(f"| {name} | {batch} | {title} | {base_m / mib:.0f} -> {rem_m / mib:.0f} | "
-              f"{saved_m / mib:.0f} MiB | {low / mib:.0f}-{high / mib:.0f} MiB | "
+        medians = statistics.median(base_all) - statistics.median(rem_all)
+        print(f"| {name} | {batch} | {title} | {len(base_all)}, {len(rem_all)} | "
+              f"{base_m / mib:.0f} -> {rem_m / mib:.0f} | "
+              f"{saved_m / mib:.0f} MiB | {medians / mib:.0f} MiB | "
+              f"{low / mib:.0f}-{high / mib:.0f} MiB | "
               + " | ".join(cells) + " |", flush=True)
-    import statistics
-
     for method in methods:
         e = errors[method]
         print(f"\n{method}: median |error| {statistics.median(e):.0%}, worst {max(e):.0%} "
