@@ -58,6 +58,20 @@ def cpu_cache_facts() -> tuple[int, int]:
 
 
 @functools.cache
+def cpu_float_lanes() -> int:
+    """float32 lanes of this CPU's widest vector unit: 16 with AVX-512
+    (``avx512f`` among the flags of ``/proc/cpuinfo``), else 8 (AVX2)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return 16 if "avx512f" in line.split() else 8
+    except OSError:
+        pass
+    return 8
+
+
+@functools.cache
 def cpu_uses_onednn() -> bool:
     """Whether TensorFlow runs its oneDNN kernels on this machine's CPU.
 

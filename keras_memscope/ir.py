@@ -66,6 +66,9 @@ class Prim:
             ``"conv"``, ``"reduce"``, or ``""`` (element-wise).
         gemm_min_dim: for a matmul, its smallest dimension (rows, contraction
             or columns): skinny matrix products run far below peak speed.
+        out_channels: for a convolution, its output channels (oneDNN's
+            kernels take as long for fewer than one vector of them as for
+            one: ``timing.conv_lane_factor``).
         role: ``"activation"`` for the prims of a layer's activation function
             (what Keras' ``RematScope("activations")`` recomputes).
         compute_dtype, upcast_workspace: a matmul in float16 or bfloat16 on a
@@ -102,6 +105,7 @@ class Prim:
     passes: float = 1.0
     kernel: str = ""
     gemm_min_dim: int = 0
+    out_channels: int = 0
     role: str = ""
     compute_dtype: str = ""
     upcast_workspace: tuple[tuple[str, int], ...] = ()

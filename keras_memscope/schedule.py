@@ -72,6 +72,8 @@ class PrimCost:
     #: take over an input's buffer), forward and backward
     forward_allocs: tuple[int, ...] = ()
     backward_allocs: tuple[int, ...] = ()
+    #: a convolution's output channels (0 for other prims)
+    out_channels: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -940,7 +942,8 @@ def _costs(flats: list[_Flat], tensor_bytes: dict[int, int],
             bwd_allocs = tuple(tensor_bytes.get(t, 0) for t in f.input_grads
                                if t in weight_of or not p.grad_inplace)
         out.append(PrimCost(f.op.index, fwd, fwd_bytes, bwd_in, bwd_w, bwd_bytes, p.macs,
-                            p.kernel, p.gemm_min_dim, i in recomputed, fwd_allocs, bwd_allocs))
+                            p.kernel, p.gemm_min_dim, i in recomputed, fwd_allocs, bwd_allocs,
+                            p.out_channels))
     return out
 
 

@@ -189,6 +189,17 @@ def _gemm_min_dim(op: Any) -> int:
         return 0
 
 
+def _out_channels(op: Any) -> int:
+    """A convolution's output channels (its filter's last dimension); 0 for
+    other ops and where the shape is not known."""
+    if op.type not in ("Conv2D", "Conv3D"):
+        return 0
+    try:
+        return int(op.inputs[1].shape[-1])
+    except Exception:
+        return 0
+
+
 def _macs(op: Any) -> int:
     """Multiply-accumulates of a matmul or convolution op (static shapes)."""
     try:
@@ -547,6 +558,7 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             inplace=list(dict.fromkeys(inputs)) if op.type in FORWARDING_OPS else [],
             grad_inplace=op.type in FORWARDING_OPS,
             macs=_macs(op), kernel=_FAMILY.get(op.type, ""), gemm_min_dim=_gemm_min_dim(op),
+            out_channels=_out_channels(op),
             workspace_for=workspace_for, backward_workspace_bytes=bwd_ws,
             forward_workspace_bytes=fwd_ws,
             role="activation" if (f"{ACTIVATION_SCOPE}/" in op.name

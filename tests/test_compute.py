@@ -172,12 +172,13 @@ def test_slow_weight_gradient_outlasts_later_input_gradients():
     """On the CPU a weight gradient runs beside the input gradients: when its
     kernel is slow, later layers' input gradients are computed while it (and
     its buffers) are still alive; when fast, it ends first. A GPU runs one
-    stream."""
+    stream. (16 output channels: a full vector of them, whose filter
+    gradient runs at the rate given on any CPU.)"""
     import dataclasses
 
     model = keras.Sequential(
         [keras.Input((32, 32, 8))]
-        + [layers.Conv2D(8, 3, padding="same", name=f"c{i}") for i in (1, 2, 3)]
+        + [layers.Conv2D(16, 3, padding="same", name=f"c{i}") for i in (1, 2, 3)]
         + [layers.GlobalAveragePooling2D(), layers.Dense(2)])
     base = memscope.devices.get_device("cpu")
 
@@ -226,3 +227,45 @@ def test_cpu_estimate_is_the_highest_of_its_simulated_orders():
     assert not any("simulated orders" in n for n in still.notes)
     assert memscope.estimate(model, 8, optimizer="adam", device="a100-40gb").history_peaks == ()
     assert memscope.MemoryEstimate.from_json(est.to_json()).history_peaks == est.history_peaks
+
+
+def test_convolution_into_few_channels_takes_a_vectors_time():
+    """oneDNN's convolution kernels work on a vector of output channels at a
+    time: a 3 x 3 convolution into one channel takes about as long as one
+    into a full vector (16 floats with AVX-512), where the multiply-accumulates
+    alone would say a sixteenth. The time model follows the kernels, measured
+    side by side here (best of 20 calls each)."""
+    import time
+
+    import numpy as np
+
+    from keras_memscope.devices import cpu_float_lanes, cpu_uses_onednn, get_device
+    from keras_memscope.timing import conv_lane_factor, op_time, ordering_profile
+
+    if not cpu_uses_onednn():
+        pytest.skip("TensorFlow runs its own convolution kernels on this CPU")
+    lanes = cpu_float_lanes()
+    x = tf.constant(np.random.rand(16, 64, 64, 32).astype("float32"))
+    conv = tf.function(lambda x, w: tf.nn.conv2d(x, w, 1, "SAME"))
+    best = {}
+    for channels in (1, lanes):
+        w = tf.constant(np.random.rand(3, 3, 32, channels).astype("float32"))
+        conv(x, w).numpy()
+        times = []
+        for _ in range(20):
+            t = time.perf_counter()
+            conv(x, w).numpy()
+            times.append(time.perf_counter() - t)
+        best[channels] = min(times)
+    measured = best[1] / best[lanes]
+    profile = ordering_profile(get_device("cpu"))
+
+    def modelled(channels):
+        flops = 2 * 16 * 64 * 64 * 9 * 32 * channels
+        moved = 4 * 16 * 64 * 64 * (32 + channels)
+        return op_time(flops * conv_lane_factor(channels, profile), moved, profile,
+                       family="conv")
+
+    assert measured > 0.5, best  # far from the 1/16 of the multiply-accumulates
+    assert conv_lane_factor(1, profile) == lanes
+    assert modelled(1) / modelled(lanes) > 0.5  # (0.07 by the MACs alone)
