@@ -386,6 +386,7 @@ def _hoist(graph: Any, forward: list[Any], backward: list[Any],
     waits = {t.name for t in upstream}
     made = {t.name: op for op in forward for t in op.outputs}
     free: list[Any] = []
+    gates: set[str] = set()  # constants made inside a gradient's control scope
     for op in backward:
         if any(t.name in waits for t in op.inputs) or op._is_stateful:
             waits.update(t.name for t in op.outputs)
@@ -393,10 +394,16 @@ def _hoist(graph: Any, forward: list[Any], backward: list[Any],
               and any(t.name in made or t.op.type == "Placeholder" for t in op.inputs)):
             free.append(op)
             made.update({t.name: op for t in op.outputs})
+        elif op.control_inputs:
+            # a constant or shape that waits for what its control inputs wait
+            # for (the 2 of a square's gradient ``g * (x * 2)``: allocator
+            # trace, the product is written into x in the backward pass)
+            gates.add(op.name)
         # (else a constant, or a shape: ready, nothing to run early)
     if not free:
         return forward, backward
-    held = {op.name for op in free if op.control_inputs}
+    held = {op.name for op in free if op.control_inputs} | {
+        t.op.name for op in free for t in op.inputs if t.op.name in gates}
     if held:
         held -= _control_free(graph, held)
     out = list(forward)
