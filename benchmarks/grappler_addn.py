@@ -27,7 +27,8 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-DEVICE = "/job:localhost/replica:0/task:0/device:CPU:0"
+from keras_memscope.tfgraph import CPU_DEVICE as DEVICE  # noqa: E402
+from keras_memscope.tfgraph import grappler_rewrite  # noqa: E402
 
 
 def _step_graph(model, batch: int):
@@ -61,18 +62,9 @@ def _step_graph(model, batch: int):
 def rewritten_addns(graph, memory_mib: int) -> tuple[int, int]:
     """(AddNs of more than two inputs, how many grappler rewrites) with the
     CPU's memory size set to ``memory_mib``."""
-    import tensorflow as tf
-    from tensorflow.core.protobuf import config_pb2, device_properties_pb2
+    from tensorflow.core.protobuf import device_properties_pb2
     from tensorflow.python.grappler import cluster as gcluster
-    from tensorflow.python.grappler import tf_optimizer
 
-    graph_def = graph.as_graph_def(add_shapes=True)
-    for node in graph_def.node:
-        node.device = DEVICE  # the runtime optimizes the placed graph
-    meta = tf.compat.v1.train.export_meta_graph(graph_def=graph_def, graph=graph)
-    meta.collection_def["train_op"].node_list.value.extend([t.op.name for t in graph.outputs])
-    config = config_pb2.ConfigProto()
-    config.graph_options.rewrite_options.min_graph_nodes = -1
     # this machine's CPU as grappler describes it (frequency, caches, cores),
     # with the memory size given
     props = device_properties_pb2.DeviceProperties()
@@ -80,10 +72,10 @@ def rewritten_addns(graph, memory_mib: int) -> tuple[int, int]:
     props.memory_size = memory_mib << 20
     cluster = gcluster.Cluster(devices=[device_properties_pb2.NamedDevice(name=DEVICE,
                                                                           properties=props)])
-    out = tf_optimizer.OptimizeGraph(config, meta, cluster=cluster)
+    out = grappler_rewrite(graph, cluster)
     ops = [n.op for n in out.node] + [n.op for f in out.library.function for n in f.node_def]
-    candidates = sum(1 for n in graph_def.node if n.op == "AddN"
-                     and sum(not i.startswith("^") for i in n.input) > 2)
+    candidates = sum(1 for op in graph.get_operations()
+                     if op.type == "AddN" and len(op.inputs) > 2)
     return candidates, ops.count("DestroyTemporaryVariable")
 
 

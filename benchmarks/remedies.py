@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=3,
                         help="measuring processes per configuration (at least; the "
                              "cache's are all used)")
-    args_ = parser.parse_args(argv)
+    options = parser.parse_args(argv)
 
     cache = json.loads(CACHE.read_text()) if CACHE.exists() else {}
     mib = 2**20
@@ -132,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|" + "---|---|---|" * len(methods))
     errors: dict[str, list[float]] = {m: [] for m in methods}
     for name, batch, title, change in CASES:
-        base_all = measured(_spec(name, batch, {}), cache, here, args_.processes)
-        rem_all = measured(_spec(name, batch, change), cache, here, args_.processes)
+        base_all = measured(_spec(name, batch, {}), cache, here, options.processes)
+        rem_all = measured(_spec(name, batch, change), cache, here, options.processes)
         base_m, rem_m = max(base_all), max(rem_all)
         # the saving any pair of processes shows
         low, high = min(base_all) - max(rem_all), max(base_all) - min(rem_all)

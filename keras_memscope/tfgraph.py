@@ -32,6 +32,8 @@ from .graph import CallRecord
 from .ir import Prim, matmul_upcast, prim
 from .units import DTYPE_BYTES
 
+#: The device grappler's rewrite places every op on.
+CPU_DEVICE = "/job:localhost/replica:0/task:0/device:CPU:0"
 #: Ops whose output is a view of an input or of a variable: no allocation.
 VIEW_OPS = {
     "Reshape", "Identity", "IdentityN", "Squeeze", "ExpandDims", "StopGradient",
@@ -333,9 +335,9 @@ def _trace(call: CallRecord, xla_buffers: bool = True) -> list[Prim]:
     # (captured tensors come after them)
     args = [t for t in graph.inputs if t.dtype.name != "resource"]
     upstream = args[n_in + len(weight_specs):n_in + len(weight_specs) + len(grad_specs)]
-    forward, backward = _hoist(graph, ops[:split], _run(graph, ops[split:]), upstream)
+    forward, backward, hoisted = _hoist(graph, ops[:split], _run(graph, ops[split:]), upstream)
     return _to_prims(call, graph, forward, backward, out_names, xla_buffers, upstream,
-                     hoisted={op.name for op in forward} - {op.name for op in ops[:split]})
+                     hoisted=hoisted)
 
 
 def _gathers_rows(op: Any) -> bool:
@@ -368,9 +370,9 @@ def _run(graph: Any, backward: list[Any]) -> list[Any]:
 
 
 def _hoist(graph: Any, forward: list[Any], backward: list[Any],
-           upstream: Sequence[Any]) -> tuple[list[Any], list[Any]]:
-    """The forward ops followed by the gradient ops that run in the forward
-    pass, and the gradient ops left.
+           upstream: Sequence[Any]) -> tuple[list[Any], list[Any], set[str]]:
+    """The forward ops with the gradient ops that run in the forward pass
+    among them, the gradient ops left, and the names of those that moved.
 
     TensorFlow's executor runs an op as soon as its inputs are ready, so a
     gradient op that reads only forward tensors (GELU's ``Square`` of its
@@ -401,7 +403,7 @@ def _hoist(graph: Any, forward: list[Any], backward: list[Any],
             gates.add(op.name)
         # (else a constant, or a shape: ready, nothing to run early)
     if not free:
-        return forward, backward
+        return forward, backward, set()
     held = {op.name for op in free if op.control_inputs} | {
         t.op.name for op in free for t in op.inputs if t.op.name in gates}
     if held:
@@ -417,27 +419,33 @@ def _hoist(graph: Any, forward: list[Any], backward: list[Any],
         at = max((i + 1 for i, o in enumerate(out) if o.name in producers), default=0)
         out.insert(at, op)
     names = {op.name for op in out} - {op.name for op in forward}
-    return out, [op for op in backward if op.name not in names]
+    return out, [op for op in backward if op.name not in names], names
 
 
-def _control_free(graph: Any, names: set[str]) -> set[str]:
-    """Which of these ops grappler's rewrite of the graph (as the runtime
-    optimizes a function: default options, this machine's CPU) leaves without
-    a control input; an op it removes or renames counts as held."""
+def grappler_rewrite(graph: Any, cluster: Any = None) -> Any:
+    """The GraphDef grappler makes of ``graph`` as the runtime optimizes a
+    function: every op placed on the CPU, default options, the graph's
+    outputs kept; ``cluster`` describes the device (this machine's CPU when
+    None)."""
     import tensorflow as tf
     from tensorflow.core.protobuf import config_pb2
     from tensorflow.python.grappler import tf_optimizer
 
+    graph_def = graph.as_graph_def(add_shapes=True)
+    for node in graph_def.node:
+        node.device = CPU_DEVICE  # the runtime optimizes the placed graph
+    meta = tf.compat.v1.train.export_meta_graph(graph_def=graph_def, graph=graph)
+    meta.collection_def["train_op"].node_list.value.extend([t.op.name for t in graph.outputs])
+    config = config_pb2.ConfigProto()
+    config.graph_options.rewrite_options.min_graph_nodes = -1
+    return tf_optimizer.OptimizeGraph(config, meta, cluster=cluster)
+
+
+def _control_free(graph: Any, names: set[str]) -> set[str]:
+    """Which of these ops grappler's rewrite of the graph leaves without a
+    control input; an op it removes or renames counts as held."""
     try:
-        graph_def = graph.as_graph_def(add_shapes=True)
-        for node in graph_def.node:
-            node.device = "/job:localhost/replica:0/task:0/device:CPU:0"
-        meta = tf.compat.v1.train.export_meta_graph(graph_def=graph_def, graph=graph)
-        meta.collection_def["train_op"].node_list.value.extend(
-            [t.op.name for t in graph.outputs])
-        config = config_pb2.ConfigProto()
-        config.graph_options.rewrite_options.min_graph_nodes = -1
-        out = tf_optimizer.OptimizeGraph(config, meta)
+        out = grappler_rewrite(graph)
     except Exception:
         return set()
     return {n.name for n in out.node

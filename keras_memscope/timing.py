@@ -126,7 +126,8 @@ def conv_lane_factor(out_channels: int, profile: DeviceProfile) -> float:
     convolution's forward 3.4-4.3 ms and filter gradient 3.6-4.8 ms for 1 to
     16 output channels, 7.8 and 8.3 ms for 32; a 1 x 1's 0.8-1.9 and
     0.9-1.5 ms for 1 to 16, 2.0 and 2.0 ms for 32. Its input gradient runs
-    over the input's channels and is not affected. 1 elsewhere."""
+    over the input's channels and is not affected. 1 elsewhere, and for
+    other prims (``out_channels`` 0)."""
     if profile.kind != "cpu" or out_channels <= 0:
         return 1.0
     from .devices import cpu_float_lanes, cpu_uses_onednn
@@ -158,7 +159,7 @@ def layer_times(costs: Iterable[PrimCost], profile: DeviceProfile,
         a[5] += c.forward_bytes + c.backward_bytes
         if not c.forward_flops and not c.forward_bytes:
             continue  # a view: no kernel runs
-        lanes = conv_lane_factor(c.out_channels, profile) if c.kernel == "conv" else 1.0
+        lanes = conv_lane_factor(c.out_channels, profile)  # (1 but for convolutions)
         fwd_t = op_time(c.forward_flops * lanes, c.forward_bytes, profile, dtype,
                         family=c.kernel, min_dim=c.gemm_min_dim) + first_touch_time(
             c.forward_allocs, profile)
@@ -187,7 +188,7 @@ def backward_seconds(c: PrimCost, profile: DeviceProfile,
         families = (("conv_input_grad", "conv_filter_grad") if c.kernel == "conv"
                     else MATMUL_GRAD_FAMILIES)
         # (a convolution's filter gradient works on its output channels too)
-        scale = (1.0, conv_lane_factor(c.out_channels, profile) if c.kernel == "conv" else 1.0)
+        scale = (1.0, conv_lane_factor(c.out_channels, profile))
         t_in, t_w = (op_time(part * k, c.backward_bytes * part / bwd_flops, profile, dtype,
                              family=family, min_dim=c.gemm_min_dim) if part else 0.0
                      for part, family, k in zip(parts, families, scale))
