@@ -327,6 +327,106 @@ def strided() -> keras.Model:
         name="strided")
 
 
+
+# --- models first estimated in the round after the fresh set -----------------
+
+
+def wavenet() -> keras.Model:
+    """Causal dilated Conv1D (dilations 1-8) with gated tanh x sigmoid units,
+    residual and skip sums (a WaveNet stack) on 1024-step signals."""
+    inputs = keras.Input((1024, 1))
+    x = layers.Conv1D(32, 1)(inputs)
+    skips = []
+    for rate in (1, 2, 4, 8):
+        t = layers.Conv1D(32, 2, dilation_rate=rate, padding="causal", activation="tanh")(x)
+        s = layers.Conv1D(32, 2, dilation_rate=rate, padding="causal",
+                          activation="sigmoid")(x)
+        g = layers.Conv1D(32, 1)(layers.Multiply()([t, s]))
+        skips.append(g)
+        x = layers.Add()([x, g])
+    h = layers.Activation("relu")(layers.Add()(skips))
+    h = layers.GlobalAveragePooling1D()(layers.Conv1D(32, 1, activation="relu")(h))
+    return keras.Model(inputs, layers.Dense(10)(h), name="wavenet")
+
+
+def resnet50v2() -> keras.Model:
+    """ResNet50V2 (pre-activation blocks) on 128 x 128 inputs."""
+    return keras.applications.ResNet50V2(weights=None, input_shape=(128, 128, 3), classes=10)
+
+
+def inceptionv3() -> keras.Model:
+    """InceptionV3 (factorized 1 x 7 / 7 x 1 branches) on 139 x 139 inputs."""
+    return keras.applications.InceptionV3(weights=None, input_shape=(139, 139, 3), classes=10)
+
+
+@keras.saving.register_keras_serializable(package="benchmarks")
+class Sampling(layers.Layer):
+    """The reparameterization of a VAE: z = mean + exp(log_var / 2) * noise,
+    adding the KL divergence as a loss."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.seed = keras.random.SeedGenerator(1)
+
+    def call(self, inputs):
+        mean, log_var = inputs
+        kl = -0.5 * keras.ops.mean(1 + log_var - keras.ops.square(mean) - keras.ops.exp(log_var))
+        self.add_loss(kl)
+        noise = keras.random.normal(keras.ops.shape(mean), seed=self.seed)
+        return mean + keras.ops.exp(0.5 * log_var) * noise
+
+
+def vae() -> keras.Model:
+    """A dense variational autoencoder: a custom sampling layer with random
+    noise and an added KL loss, compiled with binary cross-entropy."""
+    inputs = keras.Input((784,))
+    h = layers.Dense(512, activation="relu")(inputs)
+    z = Sampling()([layers.Dense(32)(h), layers.Dense(32)(h)])
+    h = layers.Dense(512, activation="relu")(z)
+    model = keras.Model(inputs, layers.Dense(784, activation="sigmoid")(h), name="vae")
+    model.compile(loss="binary_crossentropy")
+    return model
+
+
+def gqa() -> keras.Model:
+    """A token model: embedding, causal grouped-query attention (8 query and
+    2 key/value heads), RMS normalization, a SiLU-gated MLP, per-token logits
+    over 8000 tokens."""
+    inputs = keras.Input((128,), dtype="int32")
+    x = layers.Embedding(8000, 256)(inputs)
+    h = layers.RMSNormalization()(x)
+    h = layers.GroupQueryAttention(32, 8, 2)(h, h, use_causal_mask=True)
+    x = layers.Add()([x, h])
+    h = layers.RMSNormalization()(x)
+    gate = layers.Dense(512, activation="silu")(h)
+    h = layers.Dense(256)(layers.Multiply()([gate, layers.Dense(512)(h)]))
+    x = layers.Add()([x, h])
+    return keras.Model(inputs, layers.Dense(8000)(x), name="gqa")
+
+
+def regularized() -> keras.Model:
+    """Convolutions with L2 weight penalties, BatchNormalization, dropout and
+    global max pooling (64 x 64 x 3 inputs)."""
+    l2 = keras.regularizers.L2(1e-4)
+    return keras.Sequential([
+        keras.Input((64, 64, 3)),
+        layers.Conv2D(32, 3, padding="same", kernel_regularizer=l2), layers.BatchNormalization(),
+        layers.Activation("relu"),
+        layers.Conv2D(64, 3, strides=2, padding="same", kernel_regularizer=l2),
+        layers.BatchNormalization(), layers.Activation("relu"), layers.Dropout(0.25),
+        layers.Conv2D(128, 3, strides=2, padding="same", kernel_regularizer=l2),
+        layers.GlobalMaxPooling2D(), layers.Dense(10, kernel_regularizer=l2)],
+        name="regularized")
+
+
+def convlstm() -> keras.Model:
+    """A ConvLSTM2D over 8 frames of 32 x 32 x 4, average pooled."""
+    inputs = keras.Input((8, 32, 32, 4))
+    x = layers.ConvLSTM2D(16, 3, padding="same")(inputs)
+    x = layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, layers.Dense(5)(x), name="convlstm")
+
+
 ZOO = {f.__name__: f for f in (mlp, cnn, resnet50, mobilenetv2, vgg16, densenet121, lstm,
                                transformer)}
 HELD_OUT = {f.__name__: f for f in (unet, gru, vit, separable)}
@@ -334,6 +434,8 @@ UNSEEN = {f.__name__: f for f in (convnext, efficientnetb0, mobilenetv3small, xc
                                   nasnetmobile, textcnn, autoencoder, groupnorm)}
 FRESH = {f.__name__: f for f in (twotower, bilstm, timedistributed, skipnet, subclassed, causal,
                                  strided)}
+NOVEL = {f.__name__: f for f in (wavenet, resnet50v2, inceptionv3, vae, gqa, regularized,
+                                 convlstm)}
 
 
 # --- large models, estimated without building their weights ------------------
@@ -375,3 +477,4 @@ def mlp_gelu() -> keras.Model:
         h = layers.Dense(2048, activation="gelu")(h)
         h = layers.Dense(512)(h)
     return keras.Model(x, layers.Dense(10)(h), name="mlp_gelu")
+

@@ -395,7 +395,10 @@ def estimate(
     lag = (n_trainable + 1 if state.needs_all_gradients or all_reduce
            else profile.update_lag)
     losses = [LossSpec(saved_bytes=math.prod(t.shape) * 4) for t in graph.outputs]
-    temporaries = state.update_temporaries
+    # the update's own temporaries; where some are made from the state
+    # alone at the step's start (early_update), those the update adds
+    temporaries = (state.update_peak - state.early_temporaries if state.early_temporaries
+                   else state.update_temporaries)
     dtypes = {c.index: (c.outputs[0].dtype if c.outputs else "float32") for c in graph.calls}
     backward_time = _backward_time(profile, dtypes)
     sparse_sizes, scatters = _sparse_update(opt, ops)
@@ -407,6 +410,7 @@ def estimate(
         update_workspace=lambda nbytes: nbytes * temporaries,
         sparse_update=sparse_sizes,
         copy_on_read=scatters,
+        early_update=state.early_temporaries,
         persistent=persistent,
         slots=slots,
         accumulation_steps=state.accumulation_steps,

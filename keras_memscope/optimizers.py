@@ -113,6 +113,8 @@ class OptimizerState:
     slots: tuple[Slot, ...] = ()
     accumulation_steps: int = 0
     decayed: frozenset[str] = frozenset()
+    early_temporaries: int = 0
+    update_peak: int = 0
 
 
 def resolve(optimizer: Any, model: Any) -> tuple[Any, list[str]]:
@@ -266,6 +268,7 @@ def optimizer_state(optimizer: Any, model: Any,
         getattr(optimizer, "global_clipnorm", None)
     )
     kind = _kind(optimizer)
+    early = early_update(optimizer)
     return OptimizerState(
         name=type(optimizer).__name__,
         description=_describe(optimizer),
@@ -279,7 +282,148 @@ def optimizer_state(optimizer: Any, model: Any,
         slots=tuple(slots),
         accumulation_steps=accumulation_steps(optimizer),
         decayed=decayed_paths(optimizer, list(model.trainable_variables)),
+        early_temporaries=early[0],
+        update_peak=early[1],
     )
+
+
+_EARLY: dict[str, tuple[int, int]] = {}
+
+
+def early_update(optimizer: Any) -> tuple[int, int]:
+    """``(early, peak)``: how many variable-sized buffers one variable's
+    update computes from the optimizer's state alone, before its gradient
+    exists (Lion's ``m * beta_1`` and ``m * beta_2``, SGD's ``m * momentum``,
+    RMSprop's ``rho * velocity``), and how many variable-sized buffers, those
+    included, are alive at once while the update runs (the gradient's own
+    buffer not counted). TensorFlow's executor runs an op once its inputs are
+    ready, so the early ones run at the start of the step, for every variable
+    at once, and each is held until its variable's gradient arrives
+    (allocator trace of ResNet50V2 under Lion, batch 8: 342 such products,
+    183.5 MiB of the 371.7 MiB the step had allocated at its peak; of a
+    three-layer MLP under Lion: 64.1 of 80.6 MiB, two per variable and one
+    more for the update running).
+
+    Read from TensorFlow's graph of a fresh copy's ``apply`` on a small dense
+    variable (cached by configuration). Early: the variable-shaped results
+    of ops that neither read the gradient nor wait for an op that does (data
+    or control input), read by one that does; weight decay (``variable * wd
+    * lr``, written into the variable at once) is not among them. Peak: the
+    graph's ops run in order, an element-wise result written into an input
+    it reads last (not a variable's, not one still read), an assigned result
+    taken by its variable. An update inside a conditional (gradient
+    accumulation, loss scaling) runs in a branch function and counts
+    ``(0, 0)``, as does one that cannot be traced."""
+    import json
+
+    import keras
+    import tensorflow as tf
+
+    config = json.dumps(optimizer.get_config(), sort_keys=True, default=str)
+    key = f"{type(optimizer).__name__}:{config}"
+    if key in _EARLY:
+        return _EARLY[key]
+    shape = (97, 3)
+    try:
+        copy = _fresh_copy(optimizer)
+        with tf.init_scope():
+            variable = keras.Variable(tf.zeros(shape), name="early")
+            copy.build([variable])
+
+        def update(gradient: Any) -> Any:
+            copy.apply([gradient], [variable])
+            return tf.constant(0)
+
+        graph = tf.function(update, autograph=False).get_concrete_function(
+            tf.TensorSpec(shape)).graph
+    except Exception as err:  # an optimizer that cannot be traced alone
+        logger.info("%s: update not traced (%s); no early products assumed",
+                    type(optimizer).__name__, err)
+        _EARLY[key] = (0, 0)
+        return _EARLY[key]
+    _EARLY[key] = _early_counts(graph, shape)
+    return _EARLY[key]
+
+
+def _early_counts(graph: Any, shape: tuple[int, ...]) -> tuple[int, int]:
+    from .tfgraph import VIEW_OPS
+
+    ops = graph.get_operations()  # in the order they were made: inputs first
+    gradient = None
+    late: set[str] = set()  # ops that read the gradient or wait for one that does
+    for op in ops:
+        if gradient is None and op.type == "Placeholder" and op.outputs[0].dtype.is_floating \
+                and op.outputs[0].shape == shape:
+            gradient = op.outputs[0].name
+            late.add(op.name)
+        elif any(t.op.name in late for t in op.inputs) or any(
+                c.name in late for c in op.control_inputs):
+            late.add(op.name)
+
+    def sized(t: Any) -> bool:
+        return t.dtype.is_floating and t.shape == shape
+
+    readers: dict[str, int] = {}
+    for op in ops:
+        for t in op.inputs:
+            readers[t.name] = readers.get(t.name, 0) + 1
+    # the buffer behind each tensor: a temporary of ours, or None (a
+    # variable's value, the gradient, a constant: never counted)
+    buffer: dict[str, int | None] = {}
+    refs: dict[int, int] = {}  # readers left per temporary
+    early = {op.name for op in ops
+             if op.name not in late and op.type not in VIEW_OPS and op.type != "Const"
+             and op.outputs and sized(op.outputs[0])
+             and any(c.name in late for c in op.outputs[0].consumers())}
+    live, peak, next_id = len(early), len(early), 0  # the early ones made at the start
+    if gradient is not None:  # its own buffer, which results may take over
+        buffer[gradient] = 0
+        refs[0] = readers.get(gradient, 0)
+    for op in ops:
+        ins = list(op.inputs)
+        if op.type == "Placeholder":
+            continue
+        if op.type in VIEW_OPS:
+            for t in op.outputs:
+                src = buffer.get(ins[0].name) if ins and op.type != "ReadVariableOp" else None
+                buffer[t.name] = src
+                if src is not None:
+                    refs[src] += readers.get(t.name, 0)
+        else:
+            for t in op.outputs:
+                if not sized(t):
+                    continue
+                taken = None
+                if op.name in early:
+                    next_id += 1
+                    taken = next_id
+                    refs[taken] = 0
+                for i in ([] if taken else ins):  # a result written into an input read last
+                    b = buffer.get(i.name)
+                    if b is not None and refs.get(b) == 1 and sized(i):
+                        taken = b
+                        break
+                if taken is None:
+                    next_id += 1
+                    taken = next_id
+                    refs[taken] = 0
+                    live += 1
+                refs[taken] += readers.get(t.name, 0)
+                buffer[t.name] = taken
+                peak = max(peak, live)
+        if op.type == "AssignVariableOp" and len(ins) > 1:
+            b = buffer.get(ins[1].name)
+            if b is not None and refs.get(b) == 1:  # the variable takes the buffer
+                refs[b] = 0
+                live -= b != 0
+                continue
+        for i in ins:
+            b = buffer.get(i.name)
+            if b is not None and b in refs and refs[b] > 0:
+                refs[b] -= 1
+                if refs[b] == 0 and b != 0:
+                    live -= 1
+    return len(early), peak
 
 
 _SPARSE_UPDATES: dict[str, tuple[int, int, bool]] = {}

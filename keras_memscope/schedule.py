@@ -222,6 +222,7 @@ def simulate(
     decayed: Collection[int] = (),
     sparse_update: Callable[[int, int], Sequence[int]] | None = None,
     copy_on_read: bool = False,
+    early_update: int = 0,
 ) -> StepResult:
     """Simulate a warm-up step and a measured step; see the module docstring.
 
@@ -289,6 +290,11 @@ def simulate(
     decay after its weight's last reader writes in place), so the schedule
     takes the earliest order, the highest: a copy of every decayed weight.
     The update that follows then writes into a buffer no one else reads.
+
+    ``early_update`` is how many variable-sized results of each trainable
+    variable's update need only the optimizer's state (``optimizers.
+    early_temporaries``): an updating step makes them all at its start and
+    holds each until its variable's update.
 
     With ``worst_case`` a prim's input gradient also holds its
     ``backlog_parts`` (a recurrent loop that ran ahead of its weight-gradient
@@ -560,6 +566,17 @@ def simulate(
         if decayed:
             sim.check("forward")
             sim.point("forward", "optimizer", "weight decay")
+        # An update's products of the optimizer state alone (Lion's m * beta)
+        # are ready at once: made now, held until the variable's update.
+        early: dict[int, int] = {}
+        if early_update and updating:
+            for key in weight_layer:
+                if weight_trainable.get(key):
+                    early[key] = sim.alloc(early_update * weight_bytes[key], weight_layer[key],
+                                           UPDATE, early_update)
+            if early:
+                sim.check("forward")
+                sim.point("forward", "optimizer", "state products made before the gradients")
 
         # Forward pass.
         for f in flats:
@@ -639,6 +656,8 @@ def simulate(
             sim.check("update")
             if ws is not None:
                 sim.free(ws)
+            if key in early:
+                sim.free(early.pop(key))
             if copy is not None:
                 old = weight_buffer.get(key)
                 if old is not None:
@@ -864,6 +883,8 @@ def simulate(
         for bid in held_before_decay:  # a read the step never released
             if bid in sim.buffers:
                 sim.free(bid)
+        for bid in early.values():  # a variable the step had no gradient for
+            sim.free(bid)
 
 
     # warm-up: the allocator grows its regions (with accumulation it is the

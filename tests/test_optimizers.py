@@ -182,3 +182,41 @@ def test_embedding_gradient_held_as_its_rows_and_densified_by_the_update():
         large = memscope.estimate(model, 64, optimizer="sgd", device="cpu", method=method)
         assert large.gradients_bytes < table  # never a table-sized gradient
         assert large.peak_bytes > small.peak_bytes
+
+
+@pytest.mark.parametrize("make, early, peak", [
+    (lambda: keras.optimizers.SGD(), 0, 0),
+    (lambda: keras.optimizers.SGD(momentum=0.9), 1, 1),
+    (lambda: keras.optimizers.Adam(), 0, 2),
+    (lambda: keras.optimizers.Lion(), 2, 3),
+    (lambda: keras.optimizers.RMSprop(), 1, 2),
+    (lambda: keras.optimizers.Adam(gradient_accumulation_steps=2), 0, 0),
+])
+def test_update_products_of_the_state_alone_read_off_the_graph(make, early, peak):
+    """Lion's m * beta_1 and m * beta_2, SGD's m * momentum and RMSprop's
+    rho * v need no gradient; Adam's every product reads it. Peak: the
+    variable-sized buffers alive at once in the update, the gradient's own
+    not counted (Adam: the square of g and its update of m, before the
+    square is taken by v). An update inside a conditional counts none."""
+    assert optimizers.early_update(make()) == (early, peak)
+
+
+def _wide_mlp():
+    return keras.Sequential([keras.Input((1024,)), keras.layers.Dense(2048, activation="relu"),
+                             keras.layers.Dense(2048, activation="relu"), keras.layers.Dense(10)])
+
+
+def test_lion_state_products_held_from_the_step_start_against_measurement():
+    """Lion computes m * beta_1 and m * beta_2 of every variable at the start
+    of the step (they need no gradient) and holds them until the variable's
+    update: two weights' worth beside the weights and the momentum. Graph
+    estimate against two fresh processes (BFC allocator): 128.7-144.4 MiB
+    measured here, 152.4 estimated (120.4 without the products)."""
+    est = memscope.estimate(_wide_mlp(), 16, optimizer="lion", device="cpu")
+    weights = est.weights_bytes
+    assert est.timeline[0].event == "state products made before the gradients"
+    assert est.timeline[0].live_bytes >= 4 * weights  # weights, momentum, the products
+    measured = max(memscope.measure(_wide_mlp(), 16, optimizer="lion", steps=4,
+                                    device="cpu").peak_bytes for _ in range(2))
+    assert measured > 4 * weights  # weights, momentum and the two products
+    assert abs(est.peak_bytes / measured - 1) <= 0.15, (est.peak_bytes, measured)

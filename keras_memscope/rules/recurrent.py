@@ -8,6 +8,7 @@ TensorFlow keeps, for every timestep, each tensor the cell's gradient needs:
   ``tanh(c_t)``: 7 x units;
 * GRU (reset_after): ``h_t``, ``z``, ``r``, the recurrent candidate part,
   ``hh`` and ``1 - z``: 6 x units;
+* ConvLSTM1D/2D/3D: an LSTM's 7 per position of the output map, x filters;
 
 plus the time-major copy of the input (the kernel gradient reads every x_t).
 The backward loop holds one kernel's partial gradient for the step beside the
@@ -50,13 +51,52 @@ def recurrent(call: CallRecord) -> list[Prim]:
     kind = _kind(call.layer)
     if kind is None or len(call.inputs[0].shape) != 3:
         return fallback(call)
+    batch, steps, features = call.inputs[0].shape
+    units = int(call.layer.units)
+    gates = _GATES[kind]
+    return _loop(call, steps, features, units, gates, _PER_STEP_STATE[kind],
+                 macs=steps * batch * (features + units) * gates * units)
+
+
+@register(keras.layers.ConvLSTM1D, keras.layers.ConvLSTM2D, keras.layers.ConvLSTM3D)
+def conv_lstm(call: CallRecord) -> list[Prim]:
+    """ConvLSTM1D/2D/3D on the TensorFlow loop: an LSTM whose four gates are
+    convolutions of the step's input (``kernel``) and of the previous state
+    (``recurrent_kernel``, "same" padding). It keeps what an LSTM keeps, per
+    position of the output map: ``h``, ``c``, the gates ``i, f, o``, the
+    candidate and ``tanh(c)``. MACs per step ``batch x output positions x
+    4 filters x (input channels + filters) x kernel size``."""
+    layer = call.layer
+    x = call.inputs[0]
+    rank = len(x.shape) - 3  # (batch, steps, *spatial, channels)
+    if rank < 1:
+        return fallback(call)
+    first = getattr(layer, "data_format", "channels_last") == "channels_first"
+    channels = x.shape[2] if first else x.shape[-1]
+    spatial_in = math.prod(x.shape[3:] if first else x.shape[2:-1])
+    out = call.outputs[0].shape
+    sequences = bool(getattr(layer, "return_sequences", False))
+    out_map = out[2:] if sequences else out[1:]  # (*spatial, filters) or (filters, *spatial)
+    filters = int(layer.filters)
+    positions = math.prod(out_map) // max(filters, 1)
+    taps = math.prod(tuple(layer.kernel_size))
+    batch, steps = x.shape[0], x.shape[1]
+    return _loop(call, steps, channels * spatial_in, filters * positions, 4, 7,
+                 macs=steps * batch * positions * 4 * filters * (channels + filters) * taps,
+                 kernel_elements=max(channels, filters) * taps * 4 * filters)
+
+
+def _loop(call: CallRecord, steps: int, features: int, units: int, gates: int,
+          per_step_state: int, macs: int, kernel_elements: int | None = None) -> list[Prim]:
+    """A recurrent layer's loop over ``steps``: per step an input of
+    ``features`` elements per sample, a state of ``units`` elements per
+    sample, ``gates`` pre-activations of that size, and ``per_step_state``
+    state-sized tensors kept for the gradient."""
     b = Builder(call)
     x = call.inputs[0]
-    batch, steps, features = x.shape
-    units = int(call.layer.units)
+    batch = x.shape[0]
     itemsize = x.nbytes // max(math.prod(x.shape), 1)
-    gates = _GATES[kind]
-    state_bytes = steps * batch * units * _PER_STEP_STATE[kind] * itemsize
+    state_bytes = steps * batch * units * per_step_state * itemsize
     # the loop writes every step's output only when the layer returns the
     # sequence; otherwise its output array has one slot (Keras'
     # ``return_all_outputs``), and the gradient that comes back is one step's
@@ -69,7 +109,9 @@ def recurrent(call: CallRecord) -> list[Prim]:
     step_bytes = batch * (features + (gates + 4) * units) * itemsize
     # each timestep's partial gradient of one kernel at a time, added into
     # the running sum (the sum is written in place of the partial)
-    kernel_bytes = max(features, units) * gates * units * itemsize
+    if kernel_elements is None:
+        kernel_elements = max(features, units) * gates * units
+    kernel_bytes = kernel_elements * itemsize
     xt = b.add1("to_time_major", ["in0"], x.nbytes)
     # TensorArray.unstack copies every timestep into its own tensor
     xs = b.add1("unstack", [xt], x.nbytes, output_pieces={"__OUT__": steps})
@@ -77,7 +119,7 @@ def recurrent(call: CallRecord) -> list[Prim]:
         "recurrence",
         [xs, *params],
         [seq_bytes, state_bytes],
-        macs=steps * batch * (features + units) * gates * units,
+        macs=macs,
         forward_workspace_bytes=2 * batch * gates * units * itemsize,
         # the gradient loop starts each timestep's input gradient from zeros,
         # and each step's zeros are freed as its gradient is written: the
@@ -87,7 +129,7 @@ def recurrent(call: CallRecord) -> list[Prim]:
     )
     # each timestep pushes its own small tensors, only read by the gradient
     b.prims[-1] = Prim(**{**b.prims[-1].__dict__, "save": (xs, state),
-                          "output_pieces": ((state, steps * _PER_STEP_STATE[kind]),)})
+                          "output_pieces": ((state, steps * per_step_state),)})
     outs = []
     if sequences:
         outs.append(b.add1("to_batch_major", [seq], call.outputs[0].nbytes))
