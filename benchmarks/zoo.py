@@ -478,3 +478,4 @@ def mlp_gelu() -> keras.Model:
         h = layers.Dense(512)(h)
     return keras.Model(x, layers.Dense(10)(h), name="mlp_gelu")
 
+

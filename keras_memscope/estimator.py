@@ -230,6 +230,72 @@ def _label_bytes(model: Any, outputs: list[Any]) -> list[int]:
     return sizes
 
 
+def _output_losses(model: Any, count: int) -> list[Any]:
+    """Each output's loss: the compiled one (one for all, a list, or a dict by
+    output name), else the one ``measure`` trains with."""
+    loss = getattr(model, "loss", None)
+    if loss is None:
+        return [None] * count
+    if isinstance(loss, dict) and "class_name" not in loss:
+        names = list(getattr(model, "output_names", None) or [])
+        return [loss.get(n) for n in names] if len(names) == count else [None] * count
+    if isinstance(loss, (list, tuple)):
+        return list(loss) if len(loss) == count else [None] * count
+    return [loss] * count
+
+
+def _output_activation(model: Any, index: int) -> str:
+    """The name of the activation that makes output ``index`` (Dense's
+    ``activation``, an Activation or a Softmax layer); "" when unknown."""
+    try:
+        layer = model.outputs[index]._keras_history[0]
+    except Exception:
+        return ""
+    if type(layer).__name__ == "Softmax":
+        return "softmax"
+    return str(getattr(getattr(layer, "activation", None), "__name__", ""))
+
+
+def _loss_specs(model: Any, outputs: list[Any], traced: bool) -> list[LossSpec]:
+    """What each output's loss keeps: one output-sized tensor (the softmax's
+    gradient of a cross-entropy on logits, which becomes the output's
+    gradient), or, with the graph method, what TensorFlow's graph of the loss
+    and its gradient holds (``tfgraph.trace_loss``): a cross-entropy on
+    values taken as probabilities keeps their clipped copy, its logarithm's
+    input and masks. A cross-entropy on a softmax or sigmoid output is
+    computed by Keras from the logits underneath, so it keeps the one
+    tensor too."""
+    import keras
+
+    from . import tfgraph
+    from .measure import _default_loss, _loss_name
+
+    specs = []
+    for i, (t, item) in enumerate(zip(outputs, _output_losses(model, len(outputs)))):
+        default = LossSpec(saved_bytes=math.prod(t.shape) * 4)
+        if item is None:
+            item = _default_loss(tuple(t.shape))
+        name = _loss_name(item).lower()
+        if (not traced or keras.backend.backend() != "tensorflow"
+                or ("crossentropy" in name.replace("_", "")
+                    and _output_activation(model, i) in ("softmax", "sigmoid", ""))):
+            specs.append(default)
+            continue
+        try:
+            fn = (keras.losses.deserialize(item) if isinstance(item, dict)
+                  else keras.losses.get(item) if isinstance(item, str) else item)
+            if not isinstance(fn, keras.losses.Loss):  # as compile() wraps a function
+                from keras.src.losses.losses import LossFunctionWrapper
+
+                fn = LossFunctionWrapper(fn)
+            spec = tfgraph.trace_loss(fn, tuple(t.shape), t.dtype, "sparse" in name)
+        except Exception as exc:  # a loss that cannot be traced alone
+            logger.info("loss %s not traced (%s); one output-sized tensor assumed", name, exc)
+            spec = default
+        specs.append(spec)
+    return specs
+
+
 def _policy_name(model: Any) -> str:
     policy = getattr(model, "dtype_policy", None)
     return getattr(policy, "name", None) or str(getattr(model, "dtype", "float32"))
@@ -394,11 +460,13 @@ def estimate(
     all_reduce = sharding.all_reduce
     lag = (n_trainable + 1 if state.needs_all_gradients or all_reduce
            else profile.update_lag)
-    losses = [LossSpec(saved_bytes=math.prod(t.shape) * 4) for t in graph.outputs]
+    losses = _loss_specs(model, list(graph.outputs), method == "graph")
     # the update's own temporaries; where some are made from the state
     # alone at the step's start (early_update), those the update adds
-    temporaries = (state.update_peak - state.early_temporaries if state.early_temporaries
+    temporaries = (state.update_peak - state.early_temporaries - 1 if state.early_temporaries
                    else state.update_temporaries)
+    # after the backward pass the update's ready ops run together (both threads)
+    final_temporaries = max(temporaries, state.final_update_peak - state.early_temporaries - 1)
     dtypes = {c.index: (c.outputs[0].dtype if c.outputs else "float32") for c in graph.calls}
     backward_time = _backward_time(profile, dtypes)
     sparse_sizes, scatters = _sparse_update(opt, ops)
@@ -408,6 +476,7 @@ def estimate(
         model_outputs=[t.id for t in graph.outputs],
         losses=losses,
         update_workspace=lambda nbytes: nbytes * temporaries,
+        final_update_workspace=lambda nbytes: nbytes * final_temporaries,
         sparse_update=sparse_sizes,
         copy_on_read=scatters,
         early_update=state.early_temporaries,

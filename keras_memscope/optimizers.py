@@ -115,6 +115,7 @@ class OptimizerState:
     decayed: frozenset[str] = frozenset()
     early_temporaries: int = 0
     update_peak: int = 0
+    final_update_peak: int = 0
 
 
 def resolve(optimizer: Any, model: Any) -> tuple[Any, list[str]]:
@@ -284,36 +285,42 @@ def optimizer_state(optimizer: Any, model: Any,
         decayed=decayed_paths(optimizer, list(model.trainable_variables)),
         early_temporaries=early[0],
         update_peak=early[1],
+        final_update_peak=early[2],
     )
 
 
-_EARLY: dict[str, tuple[int, int]] = {}
+_EARLY: dict[str, tuple[int, int, int]] = {}
 
 
-def early_update(optimizer: Any) -> tuple[int, int]:
-    """``(early, peak)``: how many variable-sized buffers one variable's
-    update computes from the optimizer's state alone, before its gradient
-    exists (Lion's ``m * beta_1`` and ``m * beta_2``, SGD's ``m * momentum``,
-    RMSprop's ``rho * velocity``), and how many variable-sized buffers, those
-    included, are alive at once while the update runs (the gradient's own
-    buffer not counted). TensorFlow's executor runs an op once its inputs are
-    ready, so the early ones run at the start of the step, for every variable
-    at once, and each is held until its variable's gradient arrives
-    (allocator trace of ResNet50V2 under Lion, batch 8: 342 such products,
-    183.5 MiB of the 371.7 MiB the step had allocated at its peak; of a
-    three-layer MLP under Lion: 64.1 of 80.6 MiB, two per variable and one
-    more for the update running).
+def early_update(optimizer: Any) -> tuple[int, int, int]:
+    """``(early, in_order, at_once)``: how many variable-sized buffers one
+    variable's update computes from the optimizer's state alone, before its
+    gradient exists (Lion's ``m * beta_1`` and ``m * beta_2``, SGD's ``m *
+    momentum``, RMSprop's ``rho * velocity``), and how many variable-sized
+    buffers, those and the gradient's own included, are alive at once while
+    the update runs: its ops one at a time in the graph's order, or each as
+    soon as its inputs are ready. TensorFlow's executor runs an op once its
+    inputs are ready, so the early ones run at the start of the step, for
+    every variable at once, and each is held until its variable's gradient
+    arrives (allocator trace of ResNet50V2 under Lion, batch 8: 342 such
+    products, 183.5 MiB of the 371.7 MiB the step had allocated at its
+    peak). An update that runs while the other thread computes gradients runs
+    in order; one after the last gradient (the first layer's) has both
+    threads, and the ops a gradient makes ready run together: Adam's ``g -
+    m`` and ``g * g`` beside ``g`` (allocator trace of a 1024 x 4096 Dense
+    layer under Adam: three 16 MiB tensors in the update; under Lion, two
+    products of the momentum and two of the gradient beside it).
 
     Read from TensorFlow's graph of a fresh copy's ``apply`` on a small dense
     variable (cached by configuration). Early: the variable-shaped results
     of ops that neither read the gradient nor wait for an op that does (data
     or control input), read by one that does; weight decay (``variable * wd
-    * lr``, written into the variable at once) is not among them. Peak: the
-    graph's ops run in order, an element-wise result written into an input
-    it reads last (not a variable's, not one still read), an assigned result
-    taken by its variable. An update inside a conditional (gradient
-    accumulation, loss scaling) runs in a branch function and counts
-    ``(0, 0)``, as does one that cannot be traced."""
+    * lr``, written into the variable at once) is not among them. An
+    element-wise result is written into an input no one else will read (not
+    a variable's), an assigned result is taken by its variable. An update
+    inside a conditional (gradient accumulation, loss scaling) runs in a
+    branch function and counts ``(0, 0, 0)``, as does one that cannot be
+    traced."""
     import json
 
     import keras
@@ -339,66 +346,95 @@ def early_update(optimizer: Any) -> tuple[int, int]:
     except Exception as err:  # an optimizer that cannot be traced alone
         logger.info("%s: update not traced (%s); no early products assumed",
                     type(optimizer).__name__, err)
-        _EARLY[key] = (0, 0)
+        _EARLY[key] = (0, 0, 0)
         return _EARLY[key]
     _EARLY[key] = _early_counts(graph, shape)
     return _EARLY[key]
 
 
-def _early_counts(graph: Any, shape: tuple[int, ...]) -> tuple[int, int]:
+def _early_counts(graph: Any, shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """``(early, in order, at once)``: the early products, and the most
+    variable-sized buffers alive at once, the gradient's own included, with
+    the ops run one at a time in the graph's order, and with every op run as
+    soon as its inputs are ready (all ops of a dependency level together)."""
     from .tfgraph import VIEW_OPS
 
-    ops = graph.get_operations()  # in the order they were made: inputs first
+    ops = [op for op in graph.get_operations()]  # in the order they were made
     gradient = None
     late: set[str] = set()  # ops that read the gradient or wait for one that does
+    level: dict[str, int] = {}
     for op in ops:
+        sources = [t.op for t in op.inputs] + list(op.control_inputs)
+        level[op.name] = 1 + max((level.get(src.name, 0) for src in sources), default=-1)
         if gradient is None and op.type == "Placeholder" and op.outputs[0].dtype.is_floating \
                 and op.outputs[0].shape == shape:
             gradient = op.outputs[0].name
             late.add(op.name)
-        elif any(t.op.name in late for t in op.inputs) or any(
-                c.name in late for c in op.control_inputs):
+        elif any(src.name in late for src in sources):
             late.add(op.name)
 
     def sized(t: Any) -> bool:
         return t.dtype.is_floating and t.shape == shape
 
-    readers: dict[str, int] = {}
-    for op in ops:
-        for t in op.inputs:
-            readers[t.name] = readers.get(t.name, 0) + 1
-    # the buffer behind each tensor: a temporary of ours, or None (a
-    # variable's value, the gradient, a constant: never counted)
-    buffer: dict[str, int | None] = {}
-    refs: dict[int, int] = {}  # readers left per temporary
     early = {op.name for op in ops
              if op.name not in late and op.type not in VIEW_OPS and op.type != "Const"
              and op.outputs and sized(op.outputs[0])
              and any(c.name in late for c in op.outputs[0].consumers())}
-    live, peak, next_id = len(early), len(early), 0  # the early ones made at the start
-    if gradient is not None:  # its own buffer, which results may take over
+    # what neither reads the gradient nor is made for it (weight decay, made
+    # and written into the variable at the step's start) is not the update's
+    ops = [op for op in ops if op.name in late or op.name in early or op.type in VIEW_OPS]
+    in_order = _update_peak([[op] for op in ops], early, gradient, sized)
+    by_level: dict[int, list[Any]] = {}
+    for op in ops:
+        by_level.setdefault(level[op.name], []).append(op)
+    at_once = _update_peak([by_level[k] for k in sorted(by_level)], early, gradient, sized)
+    return len(early), in_order, max(at_once, in_order)
+
+
+def _update_peak(groups: list[list[Any]], early: set[str], gradient: str | None,
+                 sized: Any) -> int:
+    """The most variable-sized buffers alive at once (the early products made
+    first, the gradient's counted) when each group of ops runs together: its
+    results made, then its inputs released. A result is written into an input
+    no one else will read (not a variable's value); an assigned result is
+    taken by its variable."""
+    from .tfgraph import VIEW_OPS
+
+    readers: dict[str, int] = {}
+    for group in groups:
+        for op in group:
+            for t in op.inputs:
+                readers[t.name] = readers.get(t.name, 0) + 1
+    buffer: dict[str, int | None] = {}  # tensor -> our buffer (None: not counted)
+    refs: dict[int, int] = {}  # readers left per buffer
+    live = len(early)
+    next_id = 0
+    if gradient is not None:  # buffer 0, which results may take over
         buffer[gradient] = 0
         refs[0] = readers.get(gradient, 0)
-    for op in ops:
-        ins = list(op.inputs)
-        if op.type == "Placeholder":
-            continue
-        if op.type in VIEW_OPS:
-            for t in op.outputs:
-                src = buffer.get(ins[0].name) if ins and op.type != "ReadVariableOp" else None
-                buffer[t.name] = src
-                if src is not None:
-                    refs[src] += readers.get(t.name, 0)
-        else:
+        live += 1
+    peak = live
+    for group in groups:
+        for op in group:
+            if op.type == "Placeholder":
+                continue
+            ins = list(op.inputs)
+            if op.type in VIEW_OPS:
+                for t in op.outputs:
+                    src = buffer.get(ins[0].name) if ins and op.type != "ReadVariableOp" else None
+                    buffer[t.name] = src
+                    if src is not None:
+                        refs[src] += readers.get(t.name, 0)
+                continue
             for t in op.outputs:
                 if not sized(t):
                     continue
                 taken = None
-                if op.name in early:
+                if op.name in early:  # made at the start
                     next_id += 1
                     taken = next_id
                     refs[taken] = 0
-                for i in ([] if taken else ins):  # a result written into an input read last
+                for i in ([] if taken is not None else ins):  # into an input read last
                     b = buffer.get(i.name)
                     if b is not None and refs.get(b) == 1 and sized(i):
                         taken = b
@@ -410,20 +446,24 @@ def _early_counts(graph: Any, shape: tuple[int, ...]) -> tuple[int, int]:
                     live += 1
                 refs[taken] += readers.get(t.name, 0)
                 buffer[t.name] = taken
-                peak = max(peak, live)
-        if op.type == "AssignVariableOp" and len(ins) > 1:
-            b = buffer.get(ins[1].name)
-            if b is not None and refs.get(b) == 1:  # the variable takes the buffer
-                refs[b] = 0
-                live -= b != 0
+        peak = max(peak, live)
+        for op in group:
+            if op.type == "Placeholder":
                 continue
-        for i in ins:
-            b = buffer.get(i.name)
-            if b is not None and b in refs and refs[b] > 0:
-                refs[b] -= 1
-                if refs[b] == 0 and b != 0:
+            ins = list(op.inputs)
+            if op.type == "AssignVariableOp" and len(ins) > 1:
+                b = buffer.get(ins[1].name)
+                if b is not None and refs.get(b) == 1:  # the variable takes the buffer
+                    refs[b] = 0
                     live -= 1
-    return len(early), peak
+                    continue
+            for i in ins:
+                b = buffer.get(i.name)
+                if b is not None and refs.get(b, 0) > 0:
+                    refs[b] -= 1
+                    if refs[b] == 0:
+                        live -= 1
+    return peak
 
 
 _SPARSE_UPDATES: dict[str, tuple[int, int, bool]] = {}

@@ -42,10 +42,21 @@ UPDATE = "optimizer update"
 
 @dataclasses.dataclass(frozen=True)
 class LossSpec:
-    """What the loss keeps per model output: bytes saved for its gradient."""
+    """What the loss keeps per model output: bytes saved for its gradient,
+    the loss's forward temporaries beyond them, and, where its graph was
+    traced (``tfgraph.trace_loss``), the output gradient's bytes, whether it
+    is written into a saved tensor, and the gradient's temporaries beyond
+    the saved tensors and itself. Without a gradient size the saved tensor
+    becomes the output's gradient."""
 
     saved_bytes: int
     workspace_bytes: int = 0
+    gradient_bytes: int = 0
+    backward_bytes: int = 0
+    gradient_in_saved: bool = True
+    #: the output's own buffer is taken by the tensor its gradient is written
+    #: into (a cross-entropy on logits), where nothing else reads the output
+    output_reused: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,6 +234,7 @@ def simulate(
     sparse_update: Callable[[int, int], Sequence[int]] | None = None,
     copy_on_read: bool = False,
     early_update: int = 0,
+    final_update_workspace: Callable[[int], int] | None = None,
 ) -> StepResult:
     """Simulate a warm-up step and a measured step; see the module docstring.
 
@@ -294,7 +306,9 @@ def simulate(
     ``early_update`` is how many variable-sized results of each trainable
     variable's update need only the optimizer's state (``optimizers.
     early_temporaries``): an updating step makes them all at its start and
-    holds each until its variable's update.
+    holds each until its variable's update. ``final_update_workspace``
+    replaces ``update_workspace`` for the updates left when the backward pass
+    has ended, whose ops run as soon as they are ready (both threads free).
 
     With ``worst_case`` a prim's input gradient also holds its
     ``backlog_parts`` (a recurrent loop that ran ahead of its weight-gradient
@@ -595,8 +609,34 @@ def simulate(
         grad_of: dict[int, int] = {}
         loss_buffers = []
         for t, spec in zip(model_outputs, losses):
-            bid = sim.alloc(spec.saved_bytes, "loss", ACTIVATION)
-            loss_buffers.append(bid)
+            if (spec.output_reused and holders[t] == 1 and t in buffer_of
+                    and t not in external
+                    and sim.buffers[buffer_of[t]].live_tensors == 1):
+                bid = buffer_of.pop(t)
+                holders[t] = 0
+                sim.buffers[bid].live_tensors = 0
+                sim.buffers[bid].layer = "loss"
+                rest = spec.saved_bytes
+                loss_buffers.append((bid, sim.alloc(rest, "loss", ACTIVATION) if rest > 0
+                                     else None))
+                if spec.workspace_bytes:
+                    ws = sim.alloc(spec.workspace_bytes, "loss", WORKSPACE)
+                    sim.check("loss")
+                    sim.free(ws)
+                sim.check("loss")
+                sim.point("loss", "loss", "loss")
+                continue
+            if spec.gradient_bytes and spec.gradient_in_saved:
+                # the tensor the output's gradient is written into, and the rest
+                bid = sim.alloc(spec.gradient_bytes, "loss", ACTIVATION)
+                rest = spec.saved_bytes - spec.gradient_bytes
+                loss_buffers.append((bid, sim.alloc(rest, "loss", ACTIVATION) if rest > 0
+                                     else None))
+            elif spec.gradient_bytes:
+                loss_buffers.append((None, sim.alloc(spec.saved_bytes, "loss", ACTIVATION)))
+            else:
+                bid = sim.alloc(spec.saved_bytes, "loss", ACTIVATION)
+                loss_buffers.append((bid, None))
             if spec.workspace_bytes:
                 ws = sim.alloc(spec.workspace_bytes, "loss", WORKSPACE)
                 sim.check("loss")
@@ -604,7 +644,18 @@ def simulate(
             sim.check("loss")
             release(t)
             sim.point("loss", "loss", "loss")
-        for t, bid in zip(model_outputs, loss_buffers):
+        for t, spec, (bid, rest) in zip(model_outputs, losses, loss_buffers):
+            # the loss's gradient ops: the output's gradient, their own
+            # temporaries, then what the loss kept is released
+            if bid is None:
+                bid = sim.alloc(spec.gradient_bytes, "loss", GRADIENT)
+            ws = (sim.alloc(spec.backward_bytes, "loss", WORKSPACE) if spec.backward_bytes
+                  else None)
+            if spec.gradient_bytes:
+                sim.check("backward")
+            for b in (ws, rest):
+                if b is not None:
+                    sim.free(b)
             sim.buffers[bid].kind = GRADIENT
             grad_of[t] = bid
 
@@ -612,7 +663,7 @@ def simulate(
         partial: dict[int, list[int]] = defaultdict(list)
         queue: deque[tuple[int, int]] = deque()
 
-        def run_update(key: int, bid: int) -> None:
+        def run_update(key: int, bid: int, final: bool = False) -> None:
             if key in accumulator and not updating:
                 # accumulator + gradient, written into the gradient's buffer,
                 # which the accumulator keeps
@@ -642,7 +693,8 @@ def simulate(
                 for b in made:
                     sim.free(b)
                 nbytes = weight_bytes[key]
-            ws_bytes = update_workspace(nbytes)
+            ws_bytes = (final_update_workspace or update_workspace)(nbytes) if final \
+                else update_workspace(nbytes)
             ws = sim.alloc(ws_bytes, weight_layer[key], UPDATE) if ws_bytes else None
             for nbytes, share_key in first_write.pop(key, ()):
                 # a slot still sharing its starting buffer is written into its own
@@ -878,8 +930,8 @@ def simulate(
             sim.check("all-reduce")
             sim.free(packed)
             sim.point("all-reduce", "all-reduce", "all-reduce gradients")
-        while queue:
-            run_update(*queue.popleft())
+        while queue:  # after the last gradient: nothing else to run beside them
+            run_update(*queue.popleft(), final=True)
         for bid in held_before_decay:  # a read the step never released
             if bid in sim.buffers:
                 sim.free(bid)

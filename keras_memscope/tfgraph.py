@@ -890,3 +890,200 @@ def _variable_refs(call: CallRecord, graph: Any) -> dict[str, str]:
     placeholders = placeholders[len(call.inputs):len(call.inputs) + len(variables)]
     return {t.name: f"w#{position[id(v)]}" for t, v in zip(placeholders, variables)
             if id(v) in position}
+
+
+# --- the loss ---------------------------------------------------------------------
+
+_LOSS_CACHE: dict[str, Any] = {}
+
+
+def trace_loss(fn: Any, shape: tuple[int, ...], dtype: str, sparse: bool) -> Any:
+    """What one output's loss holds, read off TensorFlow's graph of the loss and
+    its gradient with respect to the output (``fn(y_true, y_pred)`` on
+    placeholders of the output's concrete shape; integer class ids for a
+    sparse loss): a :class:`~keras_memscope.schedule.LossSpec`.
+
+    The forward ops' results that a gradient op reads are kept (``saved_bytes``;
+    the kept one the output's gradient is written into first, ``gradient_bytes``
+    of it, when it is); the rest live from their op to their last reader, an
+    element-wise result written into an input read last. The highest of
+    these while the forward ops run, beyond what is kept, is the loss's
+    ``workspace_bytes``; while the gradient ops run, beyond what is kept and
+    the gradient, its ``backward_bytes``. Sparse cross-entropy on logits
+    keeps one output-sized tensor (the softmax's gradient, made with the
+    loss); the same loss on values taken as probabilities clips them, takes
+    their logarithm and keeps the clipped values and the clip's two masks
+    (an allocator trace of 8000-way token logits: 62.5 MiB each for the
+    clipped values and the logarithm, 15.6 for each mask)."""
+    import tensorflow as tf
+
+    from .schedule import LossSpec
+
+    try:  # a Loss by its class and configuration; a function by itself
+        what = f"{type(fn).__module__}.{type(fn).__qualname__}:" + json.dumps(
+            fn.get_config(), sort_keys=True, default=str)
+    except Exception:
+        what = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
+    key = f"{what}:{shape}:{dtype}:{sparse}"
+    if key in _LOSS_CACHE:
+        return _LOSS_CACHE[key]
+    true_spec = (tf.TensorSpec(shape[:-1], tf.int32) if sparse
+                 else tf.TensorSpec(shape, tf.float32))
+    boundary: list[int] = []
+
+    def step(y_true: Any, y_pred: Any) -> Any:
+        with tf.GradientTape() as tape:
+            tape.watch(y_pred)
+            value = fn(y_true, y_pred)
+            value = tf.reduce_mean(value)
+        boundary.append(len(tf.compat.v1.get_default_graph().get_operations()))
+        return tape.gradient(value, y_pred)
+
+    graph = tf.function(step, autograph=False).get_concrete_function(
+        true_spec, tf.TensorSpec(shape, dtype)).graph
+    ops = graph.get_operations()
+    split = boundary[0]
+    forward, backward = _hoist_ready(ops[:split], ops[split:])
+    pred = next(op.outputs[0] for op in ops if op.type == "Placeholder"
+                and op.outputs[0].dtype.is_floating and tuple(op.outputs[0].shape) == shape)
+    spec = _loss_liveness(forward, backward, graph.outputs[0], pred, LossSpec)
+    _LOSS_CACHE[key] = spec
+    return spec
+
+
+def _hoist_ready(forward: list[Any], backward: list[Any]) -> tuple[list[Any], list[Any]]:
+    """Gradient ops that read only forward tensors (a clip's masks) run with
+    the forward ops, right after the last op they read, as TensorFlow's
+    executor runs an op once its inputs are ready (see ``_hoist``)."""
+    made = {op.name for op in forward}
+    position = {op.name: i for i, op in enumerate(forward)}
+    after: dict[int, list[Any]] = {}
+    rest = []
+    for op in backward:
+        sources = [t.op for t in op.inputs] + list(op.control_inputs)
+        if op.inputs and all(src.name in made for src in sources):
+            at = max(position[src.name] for src in sources)
+            after.setdefault(at, []).append(op)
+            made.add(op.name)
+            position[op.name] = at
+        else:
+            rest.append(op)
+    ordered = []
+    for i, op in enumerate(forward):
+        ordered.append(op)
+        ordered.extend(after.get(i, ()))
+    return ordered, rest
+
+
+#: Kernels that write their second output (the softmax's gradient) into their
+#: first input (the logits) when nothing else reads it.
+_XENT_OPS = {"SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits"}
+
+
+def _loss_liveness(forward: list[Any], backward: list[Any], gradient: Any, pred: Any,
+                   make: Any) -> Any:
+    from .units import round_up
+
+    base: dict[str, str] = {}  # a view's tensor -> the tensor owning its buffer
+
+    def owner(t: Any) -> str:
+        return base.get(t.name, t.name)
+
+    def allocates(op: Any) -> bool:
+        return (op.type not in VIEW_OPS and op.type not in SHAPE_ONLY_OPS - {"ZerosLike",
+                                                                             "OnesLike"}
+                and op.type not in ("Const", "NoOp") and bool(op.outputs))
+
+    for op in forward + backward:
+        if op.type in VIEW_OPS - {"Placeholder"} and op.inputs:
+            for t in op.outputs:
+                base[t.name] = owner(op.inputs[0])
+    forward_names = {t.name for op in forward for t in op.outputs if allocates(op)}
+    kept = {owner(t) for op in backward for t in op.inputs
+            if owner(t) in forward_names and op.type not in SHAPE_ONLY_OPS}
+    readers: dict[str, int] = {}
+    for op in forward + backward:
+        if op.type in SHAPE_ONLY_OPS or not allocates(op):
+            continue  # (a view's readers read its owner)
+        for t in op.inputs:
+            readers[owner(t)] = readers.get(owner(t), 0) + 1
+    total = dict(readers)
+    size: dict[str, int] = {}
+    buffer_of: dict[str, str] = {}  # a tensor -> the tensor whose buffer it took
+    # the output's own buffer (the model's), which a result may take over
+    buffer_of[pred.name] = pred.name
+    size[pred.name] = round_up(_bytes(pred))
+    live = 0
+    peak = {"forward": 0, "backward": 0}
+    in_kept: str | None = None
+
+    def run(ops: list[Any], phase: str) -> None:
+        nonlocal live, in_kept
+        for op in ops:
+            if not allocates(op):
+                continue
+            for i, t in enumerate(op.outputs):
+                n = round_up(_bytes(t)) if _bytes(t) else 0
+                took = None
+                forwards = ((i == 0 and op.type in FORWARDING_OPS | FORWARDING_GRAD_OPS)
+                            or (i == 1 and op.type in _XENT_OPS))
+                if forwards:
+                    for x in (op.inputs[:1] if op.type in _XENT_OPS else op.inputs):
+                        b = buffer_of.get(owner(x))
+                        # in the forward ops an input's readers are ready at once
+                        # (the hoisted ones too): written into only by its one reader
+                        if (b is not None and readers.get(owner(x)) == 1
+                                and (phase == "backward" or total[owner(x)] == 1)
+                                and size.get(b) == n and (owner(x) not in kept
+                                                         or phase == "backward")):
+                            took = b
+                            break
+                if took is None:
+                    size[t.name] = n
+                    buffer_of[t.name] = t.name
+                    live += n
+                else:
+                    buffer_of[t.name] = took
+                    if phase == "backward" and took in kept and owner(gradient) == t.name:
+                        in_kept = took
+            peak[phase] = max(peak[phase], live)
+            for t in op.outputs:  # a result nothing reads
+                if not readers.get(t.name) and t.name != owner(gradient) \
+                        and buffer_of.get(t.name) == t.name and size.get(t.name) \
+                        and t.name != pred.name:
+                    live -= size.pop(t.name)
+            for x in op.inputs if op.type not in SHAPE_ONLY_OPS else ():
+                name = owner(x)
+                if name not in readers:
+                    continue
+                readers[name] -= 1
+                b = buffer_of.get(name)
+                if readers[name] == 0 and b is not None and (phase == "backward"
+                                                             or name not in kept):
+                    holders = [k for k, v in buffer_of.items() if v == b
+                               and readers.get(k, 0) > 0]
+                    if not holders and size.get(b) and b != pred.name:
+                        live -= size.pop(b)
+
+    run(forward, "forward")
+    reused = any(buffer_of.get(k) == pred.name for k in kept)
+    saved = sum(size.get(buffer_of[k], 0) for k in kept
+                if k in buffer_of and buffer_of[k] != pred.name)
+    run(backward, "backward")
+    grad_bytes = round_up(_bytes(gradient))
+    if in_kept is None:
+        # follow the gradient's buffer back through in-place writes
+        b = buffer_of.get(owner(gradient))
+        if b in {buffer_of.get(k) for k in kept}:
+            in_kept = b
+    if reused:  # the output's buffer is held and becomes its gradient
+        return make(saved_bytes=saved, workspace_bytes=max(0, peak["forward"] - saved),
+                    gradient_bytes=grad_bytes,
+                    backward_bytes=max(0, peak["backward"] - saved),
+                    gradient_in_saved=False, output_reused=True)
+    return make(saved_bytes=saved,
+                workspace_bytes=max(0, peak["forward"] - saved),
+                gradient_bytes=grad_bytes,
+                backward_bytes=max(0, peak["backward"] - saved
+                                   - (0 if in_kept else grad_bytes)),
+                gradient_in_saved=in_kept is not None)
