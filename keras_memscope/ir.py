@@ -69,6 +69,12 @@ class Prim:
         out_channels: for a convolution, its output channels (oneDNN's
             kernels take as long for fewer than one vector of them as for
             one: ``timing.conv_lane_factor``).
+        signature: what computes its one output apart from the tensors it
+            reads (op type, attributes, constant inputs), for a traced op
+            that reads no weight; two such prims of different calls with one
+            signature on the same tensors compute one tensor, which
+            grappler's common-subexpression pass merges (two causal Conv1D
+            layers on one input pad it once). Empty: never merged.
         role: ``"activation"`` for the prims of a layer's activation function
             (what Keras' ``RematScope("activations")`` recomputes).
         compute_dtype, upcast_workspace: a matmul in float16 or bfloat16 on a
@@ -106,6 +112,7 @@ class Prim:
     kernel: str = ""
     gemm_min_dim: int = 0
     out_channels: int = 0
+    signature: str = ""
     role: str = ""
     compute_dtype: str = ""
     upcast_workspace: tuple[tuple[str, int], ...] = ()

@@ -1068,6 +1068,10 @@ def _flatten(
     tensor_bytes: dict[int, int] = {}
     weight_tensor: dict[int, int] = {}  # weight key -> tensor id
     flats: list[_Flat] = []
+    # what a traced weightless op computed, by its signature and the tensors
+    # it read: a later call's same op reads the earlier result (grappler
+    # merges common subexpressions across the step)
+    computed: dict[tuple[str, tuple[int, ...]], int] = {}
     for op in ops:
         refs: dict[str, int] = {f"in{i}": t for i, t in enumerate(op.inputs)}
         refs.update({f"out{i}": t for i, t in enumerate(op.outputs)})
@@ -1088,6 +1092,11 @@ def _flatten(
                         f"writes it (prim {p.name!r}); known: {sorted(refs)}"
                     )
                 ins.append(refs[ref])
+            if p.signature and not _OUT_REF.match(p.outputs[0][0]):
+                earlier = computed.setdefault((p.signature, tuple(ins)), next_id)
+                if earlier != next_id:
+                    refs[p.outputs[0][0]] = earlier
+                    continue
             outs = []
             for ref, nbytes in p.outputs:
                 if not _OUT_REF.match(ref):

@@ -566,6 +566,7 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
                   and ref.get(op.inputs[0].name, "").startswith("w#") else [])
         prims.append(prim(
             op.type, inputs, outputs, save=list(dict.fromkeys(keep)), sparse_grad=sparse,
+            signature=_signature_of(op, inputs, outputs, hoisted),
             differentiable=list(dict.fromkeys(grad_inputs)),
             alias=is_view and bool(inputs),
             # an element-wise kernel may write into any input of its size
@@ -633,6 +634,32 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
                                    own + parts_if_free if donors else (),
                                "backward_donors": donors})
     return _only_known_saves(prims)
+
+
+_NOT_MERGED = {"RandomUniform", "RandomStandardNormal", "StatelessRandomUniformV2",
+               "StatelessRandomNormalV2", "Placeholder"}
+
+
+def _signature_of(op: Any, inputs: list[str], outputs: list[tuple[str, int]],
+                  hoisted: set[str]) -> str:
+    """The prim's ``signature`` (see ``ir.Prim``): empty unless the op has
+    one output, reads no weight, is not stateful, random or a gradient op,
+    and reads nothing but traced tensors and constants."""
+    if (len(outputs) != 1 or len(op.outputs) != 1 or op.type in _NOT_MERGED
+            or op.name in hoisted or op._is_stateful or op.control_inputs
+            or any(r.startswith("w") for r in inputs)):
+        return ""
+    parts = [op.type]
+    for k, v in sorted(op.node_def.attr.items()):
+        if not k.startswith("_"):
+            parts.append(f"{k}={v.SerializeToString(deterministic=True).hex()}")
+    for t in op.inputs:
+        if t.op.type == "Const":
+            parts.append("c=" + t.op.node_def.attr["value"].SerializeToString(
+                deterministic=True).hex())
+        else:
+            parts.append("x")
+    return "|".join(parts)
 
 
 def _hold_early_results(prims: list[Prim], early: list[int]) -> None:
