@@ -458,30 +458,3 @@ def test_uncompiled_logits_model_trained_as_measure_trains_it():
     assert graph.peak_bytes - rules.peak_bytes >= logits
     steps = memscope.measure(build(), 16, optimizer="sgd", steps=4, device="cpu").step_peak_bytes
     assert abs(graph.peak_bytes / min(steps) - 1) <= 0.05, (graph.peak_bytes, steps)
-
-
-def _gated_block():
-    inputs = keras.Input((1024, 32))
-    t = layers.Conv1D(32, 2, dilation_rate=2, padding="causal", activation="tanh")(inputs)
-    s = layers.Conv1D(32, 2, dilation_rate=2, padding="causal", activation="sigmoid")(inputs)
-    return keras.Model(inputs, layers.Dense(1)(layers.Multiply()([t, s])))
-
-
-def test_identical_ops_of_sibling_layers_computed_once():
-    """Two causal dilated Conv1D layers on one input pad it and rearrange it
-    (SpaceToBatchND) the same way; grappler merges the two into one, and
-    the allocator trace of a WaveNet step holds one rearranged input per
-    pair, which both filter gradients read. The graph method merges them
-    too: one 8 MiB tensor less here. Against the median step of a fresh
-    process (64.5-65.0 MiB in 15 of 18 steps here, 72.5-72.8 in the others,
-    where the allocator's history leaves a chunk; the profiled step requests
-    48.0 MiB and holds 64.5, one rearranged input in it)."""
-    import statistics
-
-    est = memscope.estimate(_gated_block(), 64, optimizer="sgd", device="cpu", method="graph")
-    convs = [r for r in est.layers if r.class_name == "Conv1D"]
-    assert convs[0].activation_bytes > convs[1].activation_bytes  # the second reads the first's
-    steps = memscope.measure(_gated_block(), 64, optimizer="sgd", steps=6,
-                             device="cpu").step_peak_bytes
-    typical = statistics.median(steps)
-    assert abs(est.peak_bytes / typical - 1) <= 0.05, (est.peak_bytes, steps)
