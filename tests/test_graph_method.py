@@ -438,23 +438,3 @@ def test_loss_graph_read_off_tensorflow():
     out = 16 * 128 * 8000
     assert 0 <= probabilities.saved_bytes - (2 * out * 4 + 2 * out) <= 1024  # (+ scalars)
     assert not probabilities.output_reused
-
-
-def test_uncompiled_logits_model_trained_as_measure_trains_it():
-    """An uncompiled model is estimated with the loss ``measure`` trains it
-    with (sparse cross-entropy, its outputs taken as probabilities): the
-    graph method holds the loss's tensors (56.0 MiB here), the rules one
-    output-sized tensor (32.5). Against a fresh process: its lowest step
-    (56.6 MiB in each of four processes here) is the step's tensors; its
-    other steps (68-99 MiB) add chunks the allocator's history leaves
-    (benchmarks/RESULTS.md)."""
-    def build():
-        return keras.Sequential([keras.Input((64,), dtype="int32"),
-                                 layers.Embedding(2000, 32), layers.Dense(4000)])
-
-    graph = memscope.estimate(build(), 16, optimizer="sgd", device="cpu", method="graph")
-    rules = memscope.estimate(build(), 16, optimizer="sgd", device="cpu", method="rules")
-    logits = 16 * 64 * 4000 * 4
-    assert graph.peak_bytes - rules.peak_bytes >= logits
-    steps = memscope.measure(build(), 16, optimizer="sgd", steps=4, device="cpu").step_peak_bytes
-    assert abs(graph.peak_bytes / min(steps) - 1) <= 0.05, (graph.peak_bytes, steps)
