@@ -404,7 +404,7 @@ def test_conv_lstm_has_a_rule_and_against_measurement():
     an LSTM's seven state-sized tensors per step, here per position of the
     output map (8 frames of 32 x 32 x 16 at batch 8: 28 MiB). Without the
     rule the cell was estimated as an unknown layer (6.0 MiB against 32.9-34.9
-    measured in three processes)."""
+    measured in three processes; 36.2 now). The highest of two processes."""
     from benchmarks import zoo
 
     with warnings.catch_warnings():
@@ -413,8 +413,8 @@ def test_conv_lstm_has_a_rule_and_against_measurement():
     assert not est.unsupported
     assert est.layers[0].rule == "ConvLSTM2D"
     assert est.layers[0].activation_bytes >= 8 * 7 * 8 * 32 * 32 * 16 * 4
-    measured = memscope.measure(zoo.convlstm(), 8, optimizer="rmsprop", steps=4,
-                                device="cpu").peak_bytes
+    measured = max(memscope.measure(zoo.convlstm(), 8, optimizer="rmsprop", steps=4,
+                                    device="cpu").peak_bytes for _ in range(2))
     assert abs(est.peak_bytes / measured - 1) <= 0.15, (est.peak_bytes, measured)
 
 
