@@ -557,6 +557,13 @@ def trace_model(
     return graph_obj
 
 
+def op_attributes(op: Any) -> tuple[tuple[str, bytes], ...]:
+    """An op's attributes, serialized, less TensorFlow's internal ones: two
+    ops of one type with the same attributes compute the same function."""
+    return tuple(sorted((k, v.SerializeToString(deterministic=True))
+                        for k, v in op.node_def.attr.items() if not k.startswith("_")))
+
+
 def _op_signatures(graph: Any) -> dict[str, str]:
     """Each tensor of ``graph`` -> the first tensor computed the same way: the
     same op type and attributes on the same inputs (recursively), no side
@@ -570,9 +577,7 @@ def _op_signatures(graph: Any) -> dict[str, str]:
         if op._is_stateful or op.type in ("Placeholder", "VarHandleOp") or op.control_inputs:
             canon[op.name] = op.name
         else:
-            attrs = tuple(sorted((k, v.SerializeToString(deterministic=True))
-                                 for k, v in op.node_def.attr.items() if not k.startswith("_")))
-            sig = (op.type, attrs,
+            sig = (op.type, op_attributes(op),
                    tuple((canon.get(t.op.name, t.op.name), t.value_index) for t in op.inputs))
             canon[op.name] = first.setdefault(sig, op.name)
         for t in op.outputs:

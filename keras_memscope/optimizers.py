@@ -359,7 +359,7 @@ def _early_counts(graph: Any, shape: tuple[int, ...]) -> tuple[int, int, int]:
     soon as its inputs are ready (all ops of a dependency level together)."""
     from .tfgraph import VIEW_OPS
 
-    ops = [op for op in graph.get_operations()]  # in the order they were made
+    ops = list(graph.get_operations())  # in the order they were made
     gradient = None
     late: set[str] = set()  # ops that read the gradient or wait for one that does
     level: dict[str, int] = {}

@@ -609,40 +609,33 @@ def simulate(
         grad_of: dict[int, int] = {}
         loss_buffers = []
         for t, spec in zip(model_outputs, losses):
-            if (spec.output_reused and holders[t] == 1 and t in buffer_of
-                    and t not in external
-                    and sim.buffers[buffer_of[t]].live_tensors == 1):
+            # the buffer the output's gradient is written into (None: made by
+            # the loss's gradient ops), and what else the loss keeps
+            reused = (spec.output_reused and holders[t] == 1 and t in buffer_of
+                      and t not in external
+                      and sim.buffers[buffer_of[t]].live_tensors == 1)
+            if reused:  # the output's own buffer
                 bid = buffer_of.pop(t)
                 holders[t] = 0
                 sim.buffers[bid].live_tensors = 0
                 sim.buffers[bid].layer = "loss"
-                rest = spec.saved_bytes
-                loss_buffers.append((bid, sim.alloc(rest, "loss", ACTIVATION) if rest > 0
-                                     else None))
-                if spec.workspace_bytes:
-                    ws = sim.alloc(spec.workspace_bytes, "loss", WORKSPACE)
-                    sim.check("loss")
-                    sim.free(ws)
-                sim.check("loss")
-                sim.point("loss", "loss", "loss")
-                continue
-            if spec.gradient_bytes and spec.gradient_in_saved:
-                # the tensor the output's gradient is written into, and the rest
+                kept = spec.saved_bytes
+            elif spec.gradient_bytes and spec.gradient_in_saved:
                 bid = sim.alloc(spec.gradient_bytes, "loss", ACTIVATION)
-                rest = spec.saved_bytes - spec.gradient_bytes
-                loss_buffers.append((bid, sim.alloc(rest, "loss", ACTIVATION) if rest > 0
-                                     else None))
+                kept = spec.saved_bytes - spec.gradient_bytes
             elif spec.gradient_bytes:
-                loss_buffers.append((None, sim.alloc(spec.saved_bytes, "loss", ACTIVATION)))
+                bid, kept = None, spec.saved_bytes
             else:
-                bid = sim.alloc(spec.saved_bytes, "loss", ACTIVATION)
-                loss_buffers.append((bid, None))
+                bid, kept = sim.alloc(spec.saved_bytes, "loss", ACTIVATION), 0
+            loss_buffers.append((bid, sim.alloc(kept, "loss", ACTIVATION) if kept > 0
+                                 else None))
             if spec.workspace_bytes:
                 ws = sim.alloc(spec.workspace_bytes, "loss", WORKSPACE)
                 sim.check("loss")
                 sim.free(ws)
             sim.check("loss")
-            release(t)
+            if not reused:
+                release(t)
             sim.point("loss", "loss", "loss")
         for t, spec, (bid, rest) in zip(model_outputs, losses, loss_buffers):
             # the loss's gradient ops: the output's gradient, their own

@@ -28,7 +28,7 @@ from typing import Any
 
 from . import xla
 from .devices import cpu_uses_onednn
-from .graph import CallRecord
+from .graph import CallRecord, op_attributes
 from .ir import Prim, matmul_upcast, prim
 from .units import DTYPE_BYTES
 
@@ -649,10 +649,7 @@ def _signature_of(op: Any, inputs: list[str], outputs: list[tuple[str, int]],
             or op.name in hoisted or op._is_stateful or op.control_inputs
             or any(r.startswith("w") for r in inputs)):
         return ""
-    parts = [op.type]
-    for k, v in sorted(op.node_def.attr.items()):
-        if not k.startswith("_"):
-            parts.append(f"{k}={v.SerializeToString(deterministic=True).hex()}")
+    parts = [op.type, repr(op_attributes(op))]
     for t in op.inputs:
         if t.op.type == "Const":
             parts.append("c=" + t.op.node_def.attr["value"].SerializeToString(
