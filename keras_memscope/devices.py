@@ -58,17 +58,32 @@ def cpu_cache_facts() -> tuple[int, int]:
 
 
 @functools.cache
-def cpu_float_lanes() -> int:
-    """float32 lanes of this CPU's widest vector unit: 16 with AVX-512
-    (``avx512f`` among the flags of ``/proc/cpuinfo``), else 8 (AVX2)."""
+def cpu_flags() -> frozenset[str]:
+    """The flags of this CPU in ``/proc/cpuinfo`` (empty where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("flags"):
-                    return 16 if "avx512f" in line.split() else 8
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return 8
+    return frozenset()
+
+
+def cpu_float_lanes() -> int:
+    """float32 lanes of this CPU's widest vector unit: 16 with AVX-512
+    (``avx512f`` among the flags of ``/proc/cpuinfo``), else 8 (AVX2)."""
+    return 16 if "avx512f" in cpu_flags() else 8
+
+
+def cpu_native_bfloat16() -> bool:
+    """Whether TensorFlow multiplies bfloat16 matrices natively on this CPU:
+    with oneDNN's kernels on a CPU with bfloat16 instructions (AVX512_BF16
+    or AMX). An allocator trace here (AMD EPYC, AVX512_BF16, oneDNN) shows
+    no float32 copies of a bfloat16 MatMul's operands, where TensorFlow's
+    own kernels (``TF_ENABLE_ONEDNN_OPTS=0``) make them; float16 is copied
+    with both."""
+    return cpu_uses_onednn() and bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 @functools.cache
@@ -157,9 +172,15 @@ class DeviceProfile:
             None).
         upcast_dtypes: the low-precision types whose matrix products the
             device computes in float32 through float32 copies of operands and
-            result (TensorFlow's CPU kernels for float16 and bfloat16 MatMul and
-            BatchMatMul, measured with the allocator trace on an x86-64 CPU
-            without AVX512-BF16; a GPU multiplies them natively: none).
+            result (TensorFlow's own CPU kernels for float16 and bfloat16
+            MatMul and BatchMatMul, measured with the allocator trace on an
+            x86-64 CPU without AVX512-BF16; oneDNN's for float16; a GPU
+            multiplies them natively: none).
+        accumulate_dtypes: the low-precision types whose matrix products the
+            device computes natively into a float32 buffer of the result
+            (oneDNN's bfloat16 MatMul on a CPU with AVX512_BF16: the matmul
+            fused with a bias add and the weight gradient;
+            :func:`keras_memscope.ir.matmul_upcast`).
         allocator: the allocator model, ``"bfc"`` (TensorFlow's GPU allocator,
             and the CPU's with ``TF_CPU_ALLOCATOR_USE_BFC=true``) or ``"exact"``.
         source: where the figures come from.
@@ -182,6 +203,7 @@ class DeviceProfile:
     op_time_sigma: float = 0.0
     order_histories: int = 0
     upcast_dtypes: tuple[str, ...] = ()
+    accumulate_dtypes: tuple[str, ...] = ()
     fresh_pages_above: int | None = None
     first_touch_bytes_s: float | None = None
     allocator: str = "bfc"
@@ -282,10 +304,12 @@ def _cpu_bfc() -> bool:
 def _cpu_profile() -> DeviceProfile:
     if "cpu" in _CALIBRATED:
         return dataclasses.replace(_CALIBRATED["cpu"], memory_bytes=_cpu_available_bytes())
+    native_bf16 = cpu_native_bfloat16()
     return DeviceProfile(
         name="cpu", kind="cpu", overhead_bytes=521 * MiB, memory_bytes=_cpu_available_bytes(),
         weight_grad_lag=1, op_time_sigma=0.33, order_histories=10,
-        upcast_dtypes=("float16", "bfloat16"),
+        upcast_dtypes=("float16",) if native_bf16 else ("float16", "bfloat16"),
+        accumulate_dtypes=("bfloat16",) if native_bf16 else (),
         fresh_pages_above=None if _cpu_bfc() else 32 * MiB,
         source=("this machine's available RAM; overhead: resident set right after "
                 "`import tensorflow` (tensorflow-cpu 2.21, Linux x86-64), measured"),
@@ -375,7 +399,8 @@ def profile_from_dict(data: Mapping[str, Any]) -> DeviceProfile:
         raise ValueError(f"device kind must be 'cpu' or 'gpu', got {kind!r}")
     base = _cpu_profile() if kind == "cpu" else GENERIC_GPU
     values.setdefault("overhead_bytes", base.overhead_bytes)
-    values["upcast_dtypes"] = tuple(values.get("upcast_dtypes", base.upcast_dtypes))
+    for key in ("upcast_dtypes", "accumulate_dtypes"):
+        values[key] = tuple(values.get(key, getattr(base, key)))
     for key in ("weight_grad_lag", "op_time_sigma", "order_histories"):
         values.setdefault(key, getattr(base, key))
     if "compute_capability" in values and values["compute_capability"] is not None:

@@ -114,11 +114,13 @@ def resolve_method(method: str) -> str:
 
 def lower(graph: ModelGraph, ruleset: RuleSet, method: str = "rules",
           overrides: tuple[type, ...] = (), upcast_dtypes: Sequence[str] = (),
-          xla_buffers: bool = True) -> tuple[list[LayerOp], dict[str, int], list[str]]:
+          xla_buffers: bool = True, accumulate_dtypes: Sequence[str] = (),
+          ) -> tuple[list[LayerOp], dict[str, int], list[str]]:
     """Every call -> a LayerOp via its rule (or, with ``method="graph"``, via
     TensorFlow's graph of the call, except for the classes in ``overrides``,
     whose rules the user gave); unknown classes use the fallback. Matmuls in
-    ``upcast_dtypes`` get their float32 copies (:func:`ir.with_upcast`). With
+    ``upcast_dtypes`` get their float32 copies, those in ``accumulate_dtypes``
+    their float32 result buffers (:func:`ir.with_upcast`). With
     ``xla_buffers`` the functions a layer has XLA compile are costed as XLA compiles
     them here (``keras_memscope.xla``), which is right for this machine's
     device."""
@@ -185,7 +187,8 @@ def lower(graph: ModelGraph, ruleset: RuleSet, method: str = "rules",
                     inputs=tuple(t.id for t in call.inputs),
                     outputs=tuple(outputs),
                     output_bytes=tuple(t.nbytes for t in call.outputs),
-                    prims=tuple(with_upcast(p, upcast_dtypes) for p in prims),
+                    prims=tuple(with_upcast(p, upcast_dtypes, accumulate_dtypes)
+                                 for p in prims),
                     weights=call.weights,
                     itemsize=dtype_bytes(call.outputs[0].dtype) if call.outputs else 4,
                 )
@@ -422,7 +425,8 @@ def estimate(
     # XLA compiles for this machine's CPU: its buffers are the CPU's
     ops, unsupported, rule_names = lower(graph, ruleset, method, overrides,
                                          profile.upcast_dtypes,
-                                         xla_buffers=profile.kind == "cpu")
+                                         xla_buffers=profile.kind == "cpu",
+                                         accumulate_dtypes=profile.accumulate_dtypes)
     loop_backlog = _loop_backlog(ops)
     loop_extra = 0
     state = optimizers.optimizer_state(opt, model, sharding.local_shapes)

@@ -79,10 +79,17 @@ class Prim:
             (what Keras' ``RematScope("activations")`` recomputes).
         compute_dtype, upcast_workspace: a matmul in float16 or bfloat16 on a
             device without kernels for that type (``DeviceProfile.upcast_dtypes``:
-            this kind of CPU) computes in float32 through float32 copies of
-            its operands and result: ``(input, bytes)`` pairs of those copies
-            while the gradient with respect to that input runs, and ``("",
-            bytes)`` while the forward kernel runs (see :func:`with_upcast`).
+            TensorFlow's own CPU kernels) computes in float32 through float32
+            copies of its operands and result: ``(input, bytes)`` pairs of
+            those copies while the gradient with respect to that input runs,
+            and ``("", bytes)`` while the forward kernel runs (see
+            :func:`with_upcast`).
+        accumulate_workspace: the same pairs for a device whose kernels
+            multiply that type natively into a float32 buffer of the result
+            (``DeviceProfile.accumulate_dtypes``: oneDNN's bfloat16 kernels
+            on a CPU with AVX512_BF16): a matmul fused with its bias add, and
+            the gradient with respect to the second operand (``a^T @ dy``,
+            a reduction over the rows).
         sparse_grad: weights whose gradient is ``IndexedSlices`` made of output
             0's gradient (a gather's: one row per looked-up id, a view of the
             output gradient): no table-sized gradient is written; the
@@ -116,6 +123,7 @@ class Prim:
     role: str = ""
     compute_dtype: str = ""
     upcast_workspace: tuple[tuple[str, int], ...] = ()
+    accumulate_workspace: tuple[tuple[str, int], ...] = ()
     sparse_grad: tuple[str, ...] = ()
 
     def grad_inputs(self) -> tuple[str, ...]:
@@ -139,36 +147,59 @@ class Prim:
             workspace_for=tuple((r(k), v) for k, v in self.workspace_for),
             output_pieces=tuple((r(k), v) for k, v in self.output_pieces),
             upcast_workspace=tuple((r(k) if k else k, v) for k, v in self.upcast_workspace),
+            accumulate_workspace=tuple((r(k) if k else k, v)
+                                       for k, v in self.accumulate_workspace),
             sparse_grad=tuple(map(r, self.sparse_grad)),
             backward_donors=tuple(map(r, self.backward_donors)),
         )
 
 
-def with_upcast(p: Prim, dtypes: Sequence[str]) -> Prim:
-    """``p`` on a device that computes matmuls of ``dtypes`` in float32: its
-    float32 copies join its forward and gradient workspaces."""
-    if not p.upcast_workspace or p.compute_dtype not in dtypes:
+def with_upcast(p: Prim, dtypes: Sequence[str], accumulate: Sequence[str] = ()) -> Prim:
+    """``p`` on a device that computes matmuls of ``dtypes`` in float32 (its
+    float32 copies join its forward and gradient workspaces) and those of
+    ``accumulate`` into a float32 buffer of the result (that buffer joins
+    them)."""
+    if p.compute_dtype in dtypes:
+        pairs = p.upcast_workspace
+    elif p.compute_dtype in accumulate:
+        pairs = p.accumulate_workspace
+    else:
         return p
-    forward = sum(n for k, n in p.upcast_workspace if not k)
+    if not pairs:
+        return p
+    forward = sum(n for k, n in pairs if not k)
     extra = dict(p.workspace_for)
-    for k, n in p.upcast_workspace:
+    for k, n in pairs:
         if k:
             extra[k] = extra.get(k, 0) + n
     return dataclasses.replace(p, forward_workspace_bytes=p.forward_workspace_bytes + forward,
-                               workspace_for=tuple(extra.items()), upcast_workspace=())
+                               workspace_for=tuple(extra.items()), upcast_workspace=(),
+                               accumulate_workspace=())
 
 
 def matmul_upcast(dtype: str, a: tuple[str, int], b: tuple[str, int],
-                  out_elements: int) -> dict[str, object]:
-    """The ``compute_dtype``/``upcast_workspace`` of a matmul ``a @ b`` (each
-    operand as ``(reference, elements)``): the forward kernel and each
-    gradient kernel hold float32 copies of two operands and their result,
-    the three matrices of the product, ``4 x (|a| + |b| + |out|)`` bytes."""
+                  out_elements: int, fused_bias: bool = False) -> dict[str, object]:
+    """The ``compute_dtype``, ``upcast_workspace`` and ``accumulate_workspace``
+    of a matmul ``a @ b`` (each operand as ``(reference, elements)``).
+
+    Upcast (TensorFlow's own kernels): the forward kernel and each gradient
+    kernel hold float32 copies of two operands and their result, the three
+    matrices of the product, ``4 x (|a| + |b| + |out|)`` bytes.
+
+    Accumulate (oneDNN's bfloat16 kernels; allocator traces of a Dense MLP
+    and of a Transformer at batch 2048 rows): a matmul fused with its bias
+    add holds a float32 buffer of its result while it runs (8 MiB beside a 4
+    MiB bfloat16 output); the gradient with respect to ``b`` (``a^T @ dy``)
+    holds a float32 buffer of that gradient and some 0.2-0.4 MiB more; the
+    unfused forward matmul and the gradient with respect to ``a`` hold
+    under 0.3 MiB (not modelled)."""
     if dtype not in ("float16", "bfloat16"):
         return {}
     total = 4 * (a[1] + b[1] + out_elements)
+    accumulate = ((("", 4 * out_elements),) if fused_bias else ()) + ((b[0], 4 * b[1]),)
     return {"compute_dtype": dtype,
-            "upcast_workspace": (("", total), (a[0], total), (b[0], total))}
+            "upcast_workspace": (("", total), (a[0], total), (b[0], total)),
+            "accumulate_workspace": accumulate}
 
 
 def prim(
@@ -178,7 +209,8 @@ def prim(
     **kwargs: object,
 ) -> Prim:
     """Build a :class:`Prim` from lists (a convenience for rules)."""
-    for key in ("save", "inplace", "upcast_workspace", "backlog_parts", "sparse_grad"):
+    for key in ("save", "inplace", "upcast_workspace", "accumulate_workspace", "backlog_parts",
+                "sparse_grad"):
         if key in kwargs:
             kwargs[key] = tuple(kwargs[key])  # type: ignore[arg-type]
     if "workspace_for" in kwargs:

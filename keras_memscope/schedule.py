@@ -355,6 +355,19 @@ def simulate(
             region_of[i] = len(regions)
         regions.append(idx)
 
+    # The ops that read nothing but weights (a mixed-precision layer's cast of
+    # its kernel, and what reads only such results) are ready when the step
+    # starts, and TensorFlow's executor runs them then, beside the first
+    # layers: an allocator trace of ResNet-50 under mixed_bfloat16 makes its
+    # 53 bfloat16 kernels while the first convolution and its normalization
+    # run. Their results wait for their readers.
+    from_weights = set(weight_of)
+    at_start: dict[int, None] = {}
+    for i, f in enumerate(flats):
+        if f.ins and f.outs and all(t in from_weights for t in f.ins):
+            at_start[i] = None
+            from_weights.update(f.outs)
+
     # A weight whose value an input gradient still reads when its update runs
     # (dx = g @ W^T beside the update of W) is copied before it is written.
     # Whether the input gradient is still pending then is a race between
@@ -592,9 +605,13 @@ def simulate(
                 sim.check("forward")
                 sim.point("forward", "optimizer", "state products made before the gradients")
 
-        # Forward pass.
-        for f in flats:
-            produce(f, "forward")
+        # Forward pass: first what reads nothing but weights, which is ready
+        # when the step starts.
+        for i in at_start:
+            produce(flats[i], "forward")
+        for i, f in enumerate(flats):
+            if i not in at_start:
+                produce(f, "forward")
 
         index_of = {op.name: op.index for op in ops}
         for buf in sim.buffers.values():

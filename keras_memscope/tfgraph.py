@@ -51,7 +51,7 @@ SHAPE_ONLY_OPS = {"Shape", "ShapeN", "Size", "Rank", "ZerosLike", "OnesLike",
 #: Element-wise kernels that write into an input buffer nobody else holds.
 FORWARDING_OPS = {
     "Relu", "Relu6", "Elu", "Selu", "Sigmoid", "Tanh", "Neg", "Abs", "Exp", "Log", "Sqrt",
-    "Rsqrt", "Square", "Erf", "Softplus", "Softsign", "AddV2", "Add", "Sub", "Mul",
+    "Rsqrt", "Square", "Erf", "Erfc", "Softplus", "Softsign", "AddV2", "Add", "Sub", "Mul",
     "RealDiv", "Div", "Maximum", "Minimum", "SquaredDifference", "Pow", "BiasAdd", "Cast",
     "SelectV2", "Select", "LeakyRelu", "Reciprocal", "Sin", "Cos",
 }
@@ -471,6 +471,7 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
     prims: list[Prim] = []
     n = 0
     in_activation: set[str] = set()  # hoisted ops that read the activation's tensors
+    hoisted_reads = {t.name for op in forward if op.name in hoisted for t in op.inputs}
     early: list[int] = []  # the hoisted ops' prims
     for op in forward:
         if op.type in FREE_OPS or op.type == "ReadVariableOp" or not op.outputs:
@@ -558,9 +559,16 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
         if op.type in _MATMUL_OPS and len(op.inputs) == 2 and all(
                 t.name in ref for t in op.inputs):
             a, b = op.inputs
+            # grappler's remapper fuses a MatMul with the BiasAdd that alone reads it
+            readers = op.outputs[0].consumers()
+            fused = op.type == "MatMul" and len(readers) == 1 and readers[0].type == "BiasAdd"
             upcast = matmul_upcast(op.outputs[0].dtype.name,
                                    (ref[a.name], _elements(a)), (ref[b.name], _elements(b)),
-                                   _elements(op.outputs[0]))
+                                   _elements(op.outputs[0]), fused_bias=fused)
+            if op.type != "MatMul":
+                # oneDNN's batched bfloat16 products (attention's) hold
+                # nothing of the result's size (allocator trace)
+                upcast.pop("accumulate_workspace", None)
         # a gather's gradient with respect to its table is IndexedSlices
         sparse = ([ref[op.inputs[0].name]] if _gathers_rows(op)
                   and ref.get(op.inputs[0].name, "").startswith("w#") else [])
@@ -570,8 +578,16 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             differentiable=list(dict.fromkeys(grad_inputs)),
             alias=is_view and bool(inputs),
             # an element-wise kernel may write into any input of its size
-            # (BinaryOp forwards input 0, else input 1)
-            inplace=list(dict.fromkeys(inputs)) if op.type in FORWARDING_OPS else [],
+            # (BinaryOp forwards input 0, else input 1), except one that a
+            # hoisted gradient op also reads: TensorFlow's executor starts
+            # both when the input is made, and neither finds it unshared
+            # (GELU's erfc allocates beside the square its gradient keeps,
+            # in the allocator trace; in a recomputation, without that
+            # square, it writes into its input)
+            inplace=list(dict.fromkeys(
+                ref[t.name] for t in op.inputs if t.name in ref
+                and (op.name in hoisted or t.name not in hoisted_reads)))
+            if op.type in FORWARDING_OPS else [],
             grad_inplace=op.type in FORWARDING_OPS,
             macs=_macs(op), kernel=_FAMILY.get(op.type, ""), gemm_min_dim=_gemm_min_dim(op),
             out_channels=_out_channels(op),

@@ -644,3 +644,134 @@ def test_loss_on_logits_taken_as_probabilities():
     graph = memscope.estimate(model, 16, optimizer="sgd", device="cpu", method="graph")
     rules = memscope.estimate(model, 16, optimizer="sgd", device="cpu", method="rules")
     assert graph.peak_bytes - rules.peak_bytes >= logits
+
+
+BFLOAT16_MLP = r"""
+keras.mixed_precision.set_global_policy("mixed_bfloat16")
+model = keras.Sequential([keras.Input((384,)), keras.layers.Dense(1024, name="fc"),
+                          keras.layers.Dense(10, dtype="float32")])
+model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+x, y = tf.constant(np.ones((1000, 384), "float32")), tf.constant(np.zeros((1000,), "int32"))
+"""
+
+
+@pytest.mark.skipif(not memscope.devices.cpu_native_bfloat16(),
+                    reason="oneDNN's bfloat16 kernels: a CPU with AVX512_BF16")
+def test_bfloat16_matmul_holds_a_float32_result_not_copies():
+    """What ``DeviceProfile.accumulate_dtypes`` models: with oneDNN's kernels
+    on this CPU a bfloat16 Dense layer's fused matmul and bias add holds a
+    float32 buffer of its result beside its bfloat16 output, its kernel
+    gradient a float32 buffer of the kernel, and there are no float32
+    copies of the input or the kernel (which TensorFlow's own kernels
+    make); the estimate holds the same two buffers."""
+    events = _profiled_allocations(BFLOAT16_MLP)
+    # (the Casts: the kernel's bfloat16 copy, its gradient's float32 one)
+    fc = [n for op, n in events if "/fc" in op and "Cast" not in op and n >= 2**18]
+    rows, depth, units = 1000, 384, 1024
+    out16, out32, kernel32 = 2 * rows * units, 4 * rows * units, 4 * depth * units
+    assert fc.count(out16) >= 1, fc
+    assert [n for n in fc if out32 <= n < out32 + 4096], fc
+    assert [n for n in fc if kernel32 <= n < kernel32 + 2**20], fc
+    assert 4 * rows * depth not in fc and kernel32 not in fc, fc  # no copies
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        model = keras.Sequential([keras.Input((depth,)), keras.layers.Dense(units, name="fc"),
+                                  keras.layers.Dense(10, dtype="float32")])
+    finally:
+        keras.config.set_dtype_policy("float32")
+    est = memscope.estimate(model, rows, optimizer="sgd", device="cpu", method="graph")
+    record = next(r for r in est.layers if r.name == "fc")
+    assert record.workspace_bytes == max(out32, kernel32)
+
+
+BFLOAT16_CNN = r"""
+keras.mixed_precision.set_global_policy("mixed_bfloat16")
+inp = keras.Input((32, 32, 8))
+h = inp
+for i in range(4):
+    h = keras.layers.Conv2D(32 * (i + 1), 3, padding="same", activation="relu", name=f"c{i}")(h)
+out = keras.layers.Dense(10, dtype="float32")(keras.layers.GlobalAveragePooling2D()(h))
+model = keras.Model(inp, out)
+model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+x, y = tf.constant(np.ones((16, 32, 32, 8), "float32")), tf.constant(np.zeros((16,), "int32"))
+"""
+
+
+def test_ops_reading_only_weights_run_when_the_step_starts():
+    """What ``schedule.simulate`` models for ops that read nothing but
+    weights: under mixed_bfloat16 every convolution's bfloat16 copy of its
+    kernel is made when the step starts (TensorFlow's executor runs an op
+    once its inputs are ready, and a variable is ready at once): in this
+    trace all four before the first layer's output or just after it (the
+    executor's two threads race), and so before the second layer's output,
+    not each beside its own layer. The estimate's forward pass makes them
+    first."""
+    events = _profiled_allocations(BFLOAT16_CNN)
+    ops = [op for op, _ in events]
+    second_output = next(i for i, op in enumerate(ops) if op.endswith("c1_1/Relu"))
+    casts = [i for i, op in enumerate(ops) if op.endswith("convolution/Cast")]
+    assert len(casts) == 4 and max(casts) < second_output, ops[:second_output + 1]
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        inp = keras.Input((32, 32, 8))
+        h = inp
+        for i in range(4):
+            h = keras.layers.Conv2D(32 * (i + 1), 3, padding="same", activation="relu",
+                                    name=f"c{i}")(h)
+        out = keras.layers.Dense(10, dtype="float32")(keras.layers.GlobalAveragePooling2D()(h))
+        model = keras.Model(inp, out)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    est = memscope.estimate(model, 16, optimizer="sgd", device="cpu", method="graph")
+    forward = [(p.layer, p.event) for p in est.timeline if p.phase == "forward"]
+    first_conv = forward.index(("c0", "Conv2D"))
+    early = {layer for layer, event in forward[:first_conv] if event == "Cast"}
+    assert {"c0", "c1", "c2", "c3"} <= early, forward[:first_conv + 1]
+
+
+GELU_DENSE = r"""
+model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(1024, activation="gelu",
+                                                                  name="fc"),
+                          keras.layers.Dense(10)])
+model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+x, y = tf.constant(np.ones((512, 256), "float32")), tf.constant(np.zeros((512,), "int32"))
+"""
+
+
+def test_an_erfc_gradient_is_written_in_place():
+    """What ``tfgraph.FORWARDING_OPS`` and the hoisted ops' reads model for
+    GELU's ``erfc``: its gradient multiplies the incoming gradient by the
+    erfc it kept (one new tensor), and the rest of it (the erfc's gradient,
+    products with the square kept from the forward pass and with constants)
+    is written into tensors nobody reads after it: in the profiled step one
+    GELU-sized allocation in the backward pass besides the input gradient
+    of the Dense after it and the Dense's own. In the forward pass the erfc
+    allocates its result: the square its gradient keeps reads the same
+    input and runs beside it. The estimate's gradient ops of the GELU (the
+    layer's prims other than its MatMul and BiasAdd) allocate no more than
+    that: the rises of the step's live bytes at them add up to one such
+    tensor (and the next Dense's 40 KiB kernel gradient, on the other
+    thread); before, the erfc's gradient allocated a second. Its forward
+    erfc does not write into its input."""
+    events = _profiled_allocations(GELU_DENSE)
+    size = 512 * 1024 * 4
+    gelu = [op for op, n in events
+            if op.startswith("gradient_tape/") and "Gelu" in op and n == size]
+    # the hoisted square (forward pass) and the one product
+    assert len([op for op in gelu if "Square" not in op]) == 1, gelu
+    namespace = {"keras": keras, "np": __import__("numpy"), "tf": __import__("tensorflow")}
+    exec(GELU_DENSE, namespace)
+    est = memscope.estimate(namespace["model"], 512, optimizer="sgd", device="cpu",
+                            method="graph")
+    points = list(est.timeline)
+    rises = [(p.event, p.live_bytes - q.live_bytes) for q, p in zip(points, points[1:])
+             if p.phase == "backward" and p.layer == "fc" and p.live_bytes > q.live_bytes
+             and not p.event.startswith(("MatMul", "BiasAdd"))]
+    assert sum(n for _, n in rises) <= size + 1024 * 10 * 4, rises
+    assert [op for op, n in events if op.endswith("Gelu/Erfc") and n == size], events
+    from keras_memscope.graph import trace_model
+    from keras_memscope.tfgraph import traced_prims
+
+    fc = trace_model(namespace["model"], 512).calls[0]
+    erfc = [p for p in traced_prims(fc) if p.name == "Erfc"]
+    assert len(erfc) == 1 and not erfc[0].inplace, erfc

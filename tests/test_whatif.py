@@ -8,6 +8,7 @@ import pytest
 from keras import layers
 
 import keras_memscope as memscope
+from keras_memscope import devices
 from keras_memscope.planning import fits
 
 from .models import seed_mlp, small_cnn, wide_mlp
@@ -272,10 +273,12 @@ def test_apply_builds_a_trainable_changed_model():
 
 
 @pytest.mark.parametrize("method", ["graph", "rules"])
-def test_half_precision_matmuls_hold_float32_copies_on_the_cpu(method):
-    """TensorFlow's CPU MatMul for bfloat16 converts both operands and the
-    result to float32 temporaries (seen in the allocator trace); a GPU does
-    not. The copies are 4 bytes x (|x| + |W| + |out|) while the kernel runs."""
+def test_half_precision_matmuls_hold_float32_buffers_on_the_cpu(method):
+    """TensorFlow's own CPU MatMul for bfloat16 converts both operands and the
+    result to float32 temporaries (seen in the allocator trace); oneDNN's, on
+    a CPU with AVX512_BF16, multiplies natively into a float32 buffer of the
+    result where the matmul is fused with its bias add and for the weight
+    gradient; a GPU holds neither."""
     keras.config.set_dtype_policy("mixed_bfloat16")
     try:
         model = keras.Sequential([keras.Input((512,)), layers.Dense(1024, name="fc"),
@@ -284,14 +287,25 @@ def test_half_precision_matmuls_hold_float32_copies_on_the_cpu(method):
         keras.config.set_dtype_policy("float32")
     batch = 256
     copies = 4 * (batch * 512 + 512 * 1024 + batch * 1024)
-    cpu = memscope.estimate(model, batch, optimizer="sgd", device="cpu", method=method)
-    native = dataclasses.replace(memscope.get_device("cpu"), upcast_dtypes=())
-    without = memscope.estimate(model, batch, optimizer="sgd", device=native, method=method)
-    fc_cpu = next(r for r in cpu.layers if r.name == "fc")
-    fc_native = next(r for r in without.layers if r.name == "fc")
-    # the largest workspace of the layer: the forward kernel's copies
-    assert fc_cpu.workspace_bytes == copies > fc_native.workspace_bytes
-    assert cpu.peak_bytes > without.peak_bytes
+    cpu = memscope.get_device("cpu")
+    profiles = {
+        "upcast": dataclasses.replace(cpu, upcast_dtypes=("bfloat16",), accumulate_dtypes=()),
+        "accumulate": dataclasses.replace(cpu, upcast_dtypes=(), accumulate_dtypes=("bfloat16",)),
+        "native": dataclasses.replace(cpu, upcast_dtypes=(), accumulate_dtypes=()),
+    }
+    ests = {k: memscope.estimate(model, batch, optimizer="sgd", device=p, method=method)
+            for k, p in profiles.items()}
+    fc = {k: next(r for r in e.layers if r.name == "fc") for k, e in ests.items()}
+    # the largest workspace of the layer: the forward kernel's copies; with
+    # oneDNN's kernels the weight gradient's float32 buffer (the fused
+    # forward's, 4 x 256 x 1024, is smaller)
+    assert fc["upcast"].workspace_bytes == copies
+    assert fc["accumulate"].workspace_bytes == 4 * 512 * 1024 > fc["native"].workspace_bytes
+    assert ests["upcast"].peak_bytes > ests["accumulate"].peak_bytes >= ests["native"].peak_bytes
+    # this machine's profile is one of the two
+    expected = "accumulate" if devices.cpu_native_bfloat16() else "upcast"
+    here = memscope.estimate(model, batch, optimizer="sgd", device="cpu", method=method)
+    assert here.peak_bytes == ests[expected].peak_bytes
     # float32 matmuls make no copies
     plain = keras.Sequential([keras.Input((512,)), layers.Dense(1024, name="fc")])
     est = memscope.estimate(plain, batch, optimizer="sgd", device="cpu", method=method)

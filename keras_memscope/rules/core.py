@@ -37,9 +37,11 @@ def linear_prims(
     dtype: str,
     name: str = "matmul",
     gemm_min_dim: int = 0,
+    fusable: bool = False,
 ) -> str:
     """``x @ kernel + bias``: the matmul keeps x for the kernel gradient and the
-    kernel for the input gradient; the bias add keeps nothing and runs in place."""
+    kernel for the input gradient; the bias add keeps nothing and runs in place.
+    ``fusable``: grappler fuses the matmul with the bias add (a 2-D input)."""
     k = read_weight(b, kernel, dtype)
     if k is None:
         raise ValueError(f"{b.call.class_name} {b.call.name!r} has no kernel weight")
@@ -52,7 +54,8 @@ def linear_prims(
         depth = max(1, macs // max(1, out_elements))
         x_elements = macs // max(1, (w.nbytes // dtype_bytes(w.dtype)) // depth)
         upcast = matmul_upcast(dtype, (x, x_elements),
-                               (k, w.nbytes // dtype_bytes(w.dtype)), out_elements)
+                               (k, w.nbytes // dtype_bytes(w.dtype)), out_elements,
+                               fused_bias=fusable and bias is not None)
     z = b.add1(name, [x, k], out_bytes, save_for={x: (k,), k: (x,)}, macs=macs, kernel=family,
                gemm_min_dim=gemm_min_dim, **upcast)
     if bias is not None:
@@ -71,7 +74,8 @@ def dense(call: CallRecord) -> list[Prim]:
     dtype = compute_dtype(call)
     rows = math.prod(x.shape[:-1])
     z = linear_prims(b, "in0", weight_ref(call, "kernel"), weight_ref(call, "bias"),
-                     out.nbytes, macs, dtype, gemm_min_dim=min(rows, in_features, out.shape[-1]))
+                     out.nbytes, macs, dtype, gemm_min_dim=min(rows, in_features, out.shape[-1]),
+                     fusable=len(x.shape) == 2)
     z = apply_activation(b, activation_name(getattr(call.layer, "activation", None)), z,
                          out.nbytes)
     return b.finish([z])
