@@ -705,7 +705,9 @@ def simulate(
                 nbytes = weight_bytes[key]
             ws_bytes = (final_update_workspace or update_workspace)(nbytes) if final \
                 else update_workspace(nbytes)
-            ws = sim.alloc(ws_bytes, weight_layer[key], UPDATE) if ws_bytes else None
+            # (each of the update's temporaries is a tensor of its own)
+            ws = (sim.alloc(ws_bytes, weight_layer[key], UPDATE, max(1, ws_bytes // nbytes))
+                  if ws_bytes else None)
             for nbytes, share_key in first_write.pop(key, ()):
                 # a slot still sharing its starting buffer is written into its own
                 if sharers[share_key] > 1:

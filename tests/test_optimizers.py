@@ -230,3 +230,25 @@ def test_update_after_the_backward_pass_against_measurement(optimizer):
                                     device="cpu").peak_bytes for _ in range(2))
     # (10%: without the update's ready ops run together, -14% and -17%)
     assert abs(est.peak_bytes / measured - 1) <= 0.10, (est.peak_bytes, measured)
+
+
+def test_update_temporaries_are_tensors_of_their_own(monkeypatch):
+    """What ``schedule.simulate`` allocates for an update's temporaries: one
+    buffer per temporary, each the variable's size (the allocator traces
+    show Adam's ``Square``, ``Sub`` and ``Mul`` of a kernel as allocations
+    of their own), not one block of their summed size, which the simulated
+    allocator could only place in a larger free chunk."""
+    from keras_memscope import allocator
+
+    sizes: list[int] = []
+    real_alloc = allocator.BFCModel.alloc
+
+    def alloc(self, nbytes):
+        sizes.append(nbytes)
+        return real_alloc(self, nbytes)
+
+    monkeypatch.setattr(allocator.BFCModel, "alloc", alloc)
+    memscope.estimate(_wide_layer(), 16, optimizer="adam", device="cpu", method="graph")
+    kernel = 1024 * 4096 * 4
+    assert sizes.count(kernel) > 0
+    assert not [n for n in sizes if n in (2 * kernel, 3 * kernel)], sorted(set(sizes))[-5:]
