@@ -164,6 +164,34 @@ def _fresh_copy(optimizer: Any) -> Any:
     return type(optimizer).from_config(optimizer.get_config())
 
 
+def _config_key(optimizer: Any) -> str:
+    """The optimizer's class and configuration, as a cache key."""
+    import json
+
+    config = json.dumps(optimizer.get_config(), sort_keys=True, default=str)
+    return f"{type(optimizer).__name__}:{config}"
+
+
+def _apply_graph(optimizer: Any, shape: tuple[int, ...], name: str, specs: list[Any],
+                 gradient: Any) -> Any:
+    """TensorFlow's graph of a fresh copy of ``optimizer`` applying
+    ``gradient(*arguments)`` (the arguments' ``specs``) to a zero variable of
+    ``shape``, built outside the traced function."""
+    import keras
+    import tensorflow as tf
+
+    copy = _fresh_copy(optimizer)
+    with tf.init_scope():
+        variable = keras.Variable(tf.zeros(shape), name=name)
+        copy.build([variable])
+
+    def update(*arguments: Any) -> Any:
+        copy.apply([gradient(*arguments)], [variable])
+        return tf.constant(0)
+
+    return tf.function(update, autograph=False).get_concrete_function(*specs).graph
+
+
 def _kind(optimizer: Any) -> str:
     import keras
 
@@ -321,28 +349,15 @@ def early_update(optimizer: Any) -> tuple[int, int, int]:
     inside a conditional (gradient accumulation, loss scaling) runs in a
     branch function and counts ``(0, 0, 0)``, as does one that cannot be
     traced."""
-    import json
-
-    import keras
     import tensorflow as tf
 
-    config = json.dumps(optimizer.get_config(), sort_keys=True, default=str)
-    key = f"{type(optimizer).__name__}:{config}"
+    key = _config_key(optimizer)
     if key in _EARLY:
         return _EARLY[key]
     shape = (97, 3)
     try:
-        copy = _fresh_copy(optimizer)
-        with tf.init_scope():
-            variable = keras.Variable(tf.zeros(shape), name="early")
-            copy.build([variable])
-
-        def update(gradient: Any) -> Any:
-            copy.apply([gradient], [variable])
-            return tf.constant(0)
-
-        graph = tf.function(update, autograph=False).get_concrete_function(
-            tf.TensorSpec(shape)).graph
+        graph = _apply_graph(optimizer, shape, "early", [tf.TensorSpec(shape)],
+                             lambda gradient: gradient)
     except Exception as err:  # an optimizer that cannot be traced alone
         logger.info("%s: update not traced (%s); no early products assumed",
                     type(optimizer).__name__, err)
@@ -484,28 +499,18 @@ def sparse_update(optimizer: Any) -> tuple[int, int, bool]:
     variable (cached by configuration): SGD scatters the scaled values
     (``(1, 0, True)``), Adam and AdamW densify twice (``(1, 2, False)``).
     """
-    import json
-
-    import keras
     import tensorflow as tf
 
-    config = json.dumps(optimizer.get_config(), sort_keys=True, default=str)
-    key = f"{type(optimizer).__name__}:{config}"
+    key = _config_key(optimizer)
     if key in _SPARSE_UPDATES:
         return _SPARSE_UPDATES[key]
     rows, cols, ids = 97, 3, 5
     try:
-        copy = _fresh_copy(optimizer)
-        with tf.init_scope():
-            table = keras.Variable(tf.zeros((rows, cols)), name="table")
-            copy.build([table])
-
-        def update(values: Any, indices: Any) -> Any:
-            copy.apply([tf.IndexedSlices(values, indices, tf.constant([rows, cols]))], [table])
-            return tf.constant(0)
-
-        graph = tf.function(update, autograph=False).get_concrete_function(
-            tf.TensorSpec((ids, cols)), tf.TensorSpec((ids,), tf.int32)).graph
+        graph = _apply_graph(
+            optimizer, (rows, cols), "table",
+            [tf.TensorSpec((ids, cols)), tf.TensorSpec((ids,), tf.int32)],
+            lambda values, indices: tf.IndexedSlices(values, indices,
+                                                     tf.constant([rows, cols])))
     except Exception as err:  # an optimizer that cannot take IndexedSlices
         logger.info("%s: sparse update not traced (%s); one dense copy assumed",
                     type(optimizer).__name__, err)
