@@ -427,6 +427,18 @@ def estimate(
                                          profile.upcast_dtypes,
                                          xla_buffers=profile.kind == "cpu",
                                          accumulate_dtypes=profile.accumulate_dtypes)
+    for dt in sorted({p.compute_dtype for op in ops for p in op.prims} - {""}):
+        if dt in profile.upcast_dtypes:
+            notes.append(
+                f"{dt} matrix products on this {profile.kind} convert both operands and "
+                "the result to float32 copies while they run (TensorFlow's own CPU "
+                "kernels), counted in the estimate: lower precision saves less than half "
+                "of their activations")
+        elif dt in profile.accumulate_dtypes:
+            notes.append(
+                f"{dt} matrix products on this CPU run natively (oneDNN's kernels, "
+                "AVX512_BF16) with a float32 buffer of the result where a matmul is fused "
+                "with its bias add and for each kernel's gradient, counted in the estimate")
     loop_backlog = _loop_backlog(ops)
     loop_extra = 0
     state = optimizers.optimizer_state(opt, model, sharding.local_shapes)

@@ -302,6 +302,10 @@ def test_half_precision_matmuls_hold_float32_buffers_on_the_cpu(method):
     assert fc["upcast"].workspace_bytes == copies
     assert fc["accumulate"].workspace_bytes == 4 * 512 * 1024 > fc["native"].workspace_bytes
     assert ests["upcast"].peak_bytes > ests["accumulate"].peak_bytes >= ests["native"].peak_bytes
+    # and the estimate says which
+    assert any("float32 copies" in n for n in ests["upcast"].notes)
+    assert any("float32 buffer of the result" in n for n in ests["accumulate"].notes)
+    assert not any("bfloat16 matrix products" in n for n in ests["native"].notes)
     # this machine's profile is one of the two
     expected = "accumulate" if devices.cpu_native_bfloat16() else "upcast"
     here = memscope.estimate(model, batch, optimizer="sgd", device="cpu", method=method)
