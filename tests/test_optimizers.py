@@ -220,16 +220,20 @@ def test_update_after_the_backward_pass_against_measurement(optimizer):
     16 MiB each). Measured in two fresh processes (BFC allocator): 112.4-112.5
     MiB under Lion (64.5 estimated without the early products, 96.5 with the
     update's ops run one at a time), 96.7-96.8 under Adam (80.7 one at a
-    time); the estimates 112.5 and 96.7."""
+    time); the estimates 112.5 and 96.7. One process in about twenty here
+    measured Lion's step one kernel-sized chunk higher (128.3 MiB): the
+    check is issue 3's, the estimate within the measured processes' range,
+    give or take 10%, which the one-at-a-time update (-14% and -17% below
+    the lowest) fails."""
     est = memscope.estimate(_wide_layer(), 16, optimizer=optimizer, device="cpu")
     kernel = 1024 * 4096 * 4
     if optimizer == "lion":
         assert est.timeline[0].event == "state products made before the gradients"
         assert est.timeline[0].live_bytes >= 4 * kernel  # weights, momentum, the products
-    measured = max(memscope.measure(_wide_layer(), 16, optimizer=optimizer, steps=4,
-                                    device="cpu").peak_bytes for _ in range(2))
-    # (10%: without the update's ready ops run together, -14% and -17%)
-    assert abs(est.peak_bytes / measured - 1) <= 0.10, (est.peak_bytes, measured)
+    measured = [memscope.measure(_wide_layer(), 16, optimizer=optimizer, steps=4,
+                                 device="cpu").peak_bytes for _ in range(2)]
+    assert 0.9 * min(measured) <= est.peak_bytes <= 1.1 * max(measured), (est.peak_bytes,
+                                                                          measured)
 
 
 def test_update_temporaries_are_tensors_of_their_own(monkeypatch):
