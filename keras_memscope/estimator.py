@@ -504,6 +504,7 @@ def estimate(
         update_lag=lag,
         weight_grad_lag=profile.weight_grad_lag,
         backward_time=backward_time,
+        forward_time=_forward_time(profile, dtypes),
         all_reduce_bytes=(sum(w.nbytes for w in graph.variables if w.trainable)
                           if all_reduce else 0),
         remat=regions,
@@ -643,6 +644,14 @@ def _backward_time(profile: devices.DeviceProfile,
     streams in the simulated step."""
     ordering = timing.ordering_profile(profile)
     return lambda c: timing.backward_seconds(c, ordering, dtypes.get(c.layer_index, "float32"))
+
+
+def _forward_time(profile: devices.DeviceProfile,
+                  dtypes: dict[int, str]) -> Callable[[Any], float]:
+    """Seconds of each prim's forward kernel at the speeds that order the
+    gradient streams (a recomputed prim runs on the first)."""
+    ordering = timing.ordering_profile(profile)
+    return lambda c: timing.forward_seconds(c, ordering, dtypes.get(c.layer_index, "float32"))
 
 
 def _sparse_update(optimizer: Any, ops: Sequence[LayerOp]

@@ -212,6 +212,37 @@ class _Simulator:
         self.event_high = self.live
 
 
+def _depth_first(flats: Sequence[_Flat], index: Sequence[int]) -> list[int]:
+    """The order TensorFlow's executor runs a function's ops in when one
+    thread runs them all (a recomputation: the profiled step runs a region's
+    recomputed ops on one thread): an op that finishes hands the ops it makes
+    ready to its own thread's queue, which Eigen's thread pool runs last in,
+    first out, so the consumer made last runs next, and a sibling made
+    earlier waits until that chain stalls. ``flats`` are in the order the
+    graph made them; returns their ``index`` values in run order.
+
+    The trace of GELU's ``0.5 * x * erfc(-x / sqrt(2))`` recomputed: the
+    ``-x`` chain runs first and ``0.5 * x`` last, written into ``x``, which
+    nothing reads after it (in the forward pass's order it runs first, into a
+    buffer of its own, and ``-x`` writes into ``x``)."""
+    made = {t: k for k, f in enumerate(flats) for t in f.outs}
+    waiting = [len({made[t] for t in f.ins if t in made}) for f in flats]
+    readers: dict[int, list[int]] = defaultdict(list)
+    for k, f in enumerate(flats):
+        for j in dict.fromkeys(made[t] for t in f.ins if t in made):
+            readers[j].append(k)
+    stack = [k for k in range(len(flats)) if not waiting[k]]
+    order: list[int] = []
+    while stack:
+        k = stack.pop()
+        order.append(index[k])
+        for j in readers[k]:
+            waiting[j] -= 1
+            if not waiting[j]:
+                stack.append(j)
+    return order
+
+
 def simulate(
     ops: Sequence[LayerOp],
     *,
@@ -227,6 +258,7 @@ def simulate(
     allocator: str = "bfc",
     granule: int = 256,
     backward_time: Callable[[PrimCost], tuple[float, float]] | None = None,
+    forward_time: Callable[[PrimCost], float] | None = None,
     worst_case: bool = False,
     slots: Sequence[tuple[Any, ...]] = (),
     accumulation_steps: int = 0,
@@ -288,6 +320,8 @@ def simulate(
     gradient, what it reads and its workspace until then (a U-Net's 128 x 128
     filter gradient runs while three smaller layers' input gradients are
     computed). Without it, each job ends ``weight_grad_lag`` gradient ops later.
+    ``forward_time`` gives a prim's forward seconds: a recomputed prim takes
+    that long on the first stream, while weight-gradient jobs may end.
 
     ``decayed`` lists the weights the optimizer decays (Keras'
     ``weight_decay``). TensorFlow's ``variable.assign_sub(variable * wd * lr)``
@@ -404,6 +438,9 @@ def simulate(
     costs = _costs(flats, tensor_bytes, weight_of, set(region_of))
     times = ([backward_time(c) for c in costs]
              if backward_time is not None and weight_grad_lag > 0 else None)
+    # a recomputed prim runs again on the input-gradient stream
+    recompute_times = ([forward_time(c) if c.recomputed else 0.0 for c in costs]
+                       if times and forward_time is not None else None)
     region_inputs: list[tuple[int, ...]] = []
     for idx in regions:
         made = {t for i in idx for t in flats[i].outs}
@@ -791,6 +828,7 @@ def simulate(
             read (directly or through another recomputed prim) run, since the
             function runtime prunes the rest; what the gradients read is kept,
             the region's inputs are released after their last reader."""
+            nonlocal clock
             idx = regions[r]
             reads: dict[int, int] = defaultdict(int)
             for i in idx:
@@ -809,6 +847,7 @@ def simulate(
                 for t in g.ins:
                     reads[t] += 1
             needed.reverse()
+            needed = _depth_first([flats[i] for i in needed], needed)
             for t in region_inputs[r]:
                 # the region's hold becomes one per reader in the recomputation
                 # and one per gradient that reads it
@@ -825,6 +864,10 @@ def simulate(
                     release(t)
             for i in needed:
                 produce(flats[i], "recompute")
+                if recompute_times:
+                    # the weight gradients running beside it may end meanwhile
+                    clock += recompute_times[i]
+                    advance(clock)
 
         jobs: deque[_Job] = deque()
         clock = 0.0  # when the input-gradient stream is free

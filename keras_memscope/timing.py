@@ -159,10 +159,7 @@ def layer_times(costs: Iterable[PrimCost], profile: DeviceProfile,
         a[5] += c.forward_bytes + c.backward_bytes
         if not c.forward_flops and not c.forward_bytes:
             continue  # a view: no kernel runs
-        lanes = conv_lane_factor(c.out_channels, profile)  # (1 but for convolutions)
-        fwd_t = op_time(c.forward_flops * lanes, c.forward_bytes, profile, dtype,
-                        family=c.kernel, min_dim=c.gemm_min_dim) + first_touch_time(
-            c.forward_allocs, profile)
+        fwd_t = forward_seconds(c, profile, dtype)
         a[3] += fwd_t
         if c.recomputed:  # run again before its gradients
             a[4] += fwd_t
@@ -172,6 +169,17 @@ def layer_times(costs: Iterable[PrimCost], profile: DeviceProfile,
         a[4] += sum(backward_seconds(c, profile, dtype))
     return {k: LayerTime(int(v[0]), int(v[1]), int(v[2]), v[3], v[4], int(v[5]))
             for k, v in acc.items()}
+
+
+def forward_seconds(c: PrimCost, profile: DeviceProfile, dtype: str = "float32") -> float:
+    """Roofline seconds of a prim's forward kernel, with the first touch of
+    the buffers it writes."""
+    if not c.forward_flops and not c.forward_bytes:
+        return 0.0  # a view: no kernel runs
+    lanes = conv_lane_factor(c.out_channels, profile)  # (1 but for convolutions)
+    return op_time(c.forward_flops * lanes, c.forward_bytes, profile, dtype,
+                   family=c.kernel, min_dim=c.gemm_min_dim) + first_touch_time(
+        c.forward_allocs, profile)
 
 
 def backward_seconds(c: PrimCost, profile: DeviceProfile,

@@ -775,3 +775,67 @@ def test_an_erfc_gradient_is_written_in_place():
     fc = trace_model(namespace["model"], 512).calls[0]
     erfc = [p for p in traced_prims(fc) if p.name == "Erfc"]
     assert len(erfc) == 1 and not erfc[0].inplace, erfc
+
+
+#: The op starts and BFC allocations of one profiled step, in time order.
+PROFILED_OPS = PROFILED + r"""
+from keras_memscope.measure import _load_xspace
+events = []
+for plane in _load_xspace(path).planes:
+    names = {{k: v.name for k, v in plane.event_metadata.items()}}
+    stats = {{k: v.name for k, v in plane.stat_metadata.items()}}
+    for line in plane.lines:
+        for ev in line.events:
+            name = names.get(ev.metadata_id, "")
+            at = line.timestamp_ns * 1000 + ev.offset_ps
+            if name == "MemoryAllocation":
+                st = {{stats.get(s.metadata_id): s.str_value or s.int64_value or s.uint64_value
+                      or (stats.get(s.ref_value) if s.ref_value else None) for s in ev.stats}}
+                if str(st.get("allocator_name", "")).startswith("bfc_cpu"):
+                    events.append((at, "alloc", st.get("tf_op", ""), st.get("requested_bytes", 0)))
+            elif name.count(":") == 1 and (line.name.startswith("tf_Compute")
+                                           or "Executor" in line.name):
+                events.append((at, "op", name.split(":")[0], 0))
+events.sort()
+print(json.dumps([e[1:] for e in events]))
+"""
+
+RECOMPUTED_GELU = r"""
+with keras.RematScope(mode="activations"):
+    model = keras.Sequential([keras.Input((256,)),
+                              keras.layers.Dense(1024, activation="gelu", name="fc"),
+                              keras.layers.Dense(10)])
+model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+x, y = tf.constant(np.ones((512, 256), "float32")), tf.constant(np.zeros((512,), "int32"))
+"""
+
+
+def test_a_recomputed_gelu_runs_depth_first():
+    """What ``schedule._depth_first`` models: the recomputation of GELU's
+    ``0.5 * x * erfc(-x / sqrt(2))`` (its ops are named without the model's
+    scope in the profiled step) runs the ``-x`` chain first and ``0.5 * x``
+    after it, writing into ``x``, which nothing reads then: it allocates
+    nothing. The forward pass made ``0.5 * x`` first, in a buffer of its own.
+    The estimate recomputes in that order: ``Neg`` first, the multiply last,
+    adding nothing to the step's live bytes."""
+    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run(
+        [sys.executable, "-c", PROFILED_OPS.format(model=RECOMPUTED_GELU)],
+        capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    events = json.loads(proc.stdout.strip().splitlines()[-1])
+    ran = [name for kind, name, _ in events if kind == "op" and name.startswith("Gelu/")]
+    assert "Gelu/Neg" in ran and "Gelu/mul" in ran, ran
+    assert ran.index("Gelu/Neg") < ran.index("Gelu/mul"), ran
+    made = [name for kind, name, n in events if kind == "alloc" and n >= 512 * 1024 * 4]
+    assert "Gelu/Neg" in made and "Gelu/mul" not in made, made
+
+    namespace = {"keras": keras, "np": __import__("numpy"), "tf": __import__("tensorflow")}
+    exec(RECOMPUTED_GELU, namespace)
+    est = memscope.estimate(namespace["model"], 512, optimizer="sgd", device="cpu",
+                            method="graph")
+    points = list(est.timeline)
+    again = [(p.event, p.live_bytes - q.live_bytes) for q, p in zip(points, points[1:])
+             if p.phase == "recompute" and p.layer == "fc"]
+    assert again[0] == ("Neg", 512 * 1024 * 4), again
+    assert again[-1] == ("Mul", 0), again
