@@ -39,6 +39,9 @@ VIEW_OPS = {
     "Reshape", "Identity", "IdentityN", "Squeeze", "ExpandDims", "StopGradient",
     "ReadVariableOp", "Snapshot", "EnsureShape", "PreventGradient", "Placeholder",
 }
+#: Views whose gradient is a view of the incoming gradient (a Reshape's is a
+#: Reshape back: TensorFlow's Reshape kernel shares its input's buffer).
+VIEW_GRADIENT_OPS = {"Reshape", "Identity", "Squeeze", "ExpandDims", "Snapshot", "EnsureShape"}
 #: Ops that allocate nothing worth counting (shapes, constants, bookkeeping).
 FREE_OPS = {
     "Const", "Shape", "ShapeN", "Size", "Rank", "NoOp", "VarHandleOp", "AssignVariableOp",
@@ -588,7 +591,7 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
                 ref[t.name] for t in op.inputs if t.name in ref
                 and (op.name in hoisted or t.name not in hoisted_reads)))
             if op.type in FORWARDING_OPS else [],
-            grad_inplace=op.type in FORWARDING_OPS,
+            grad_inplace=op.type in FORWARDING_OPS or op.type in VIEW_GRADIENT_OPS,
             macs=_macs(op), kernel=_FAMILY.get(op.type, ""), gemm_min_dim=_gemm_min_dim(op),
             out_channels=_out_channels(op),
             workspace_for=workspace_for, backward_workspace_bytes=bwd_ws,

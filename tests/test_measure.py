@@ -839,3 +839,34 @@ def test_a_recomputed_gelu_runs_depth_first():
              if p.phase == "recompute" and p.layer == "fc"]
     assert again[0] == ("Neg", 512 * 1024 * 4), again
     assert again[-1] == ("Mul", 0), again
+
+
+DENSE_ON_SEQUENCES = r"""
+model = keras.Sequential([keras.Input((64, 128)), keras.layers.Dense(512, name="fc"),
+                          keras.layers.Dense(256, name="fc2"),
+                          keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(10)])
+model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+x, y = tf.constant(np.ones((32, 64, 128), "float32")), tf.constant(np.zeros((32,), "int32"))
+"""
+
+
+def test_a_reshape_gradient_is_a_view():
+    """What ``tfgraph.VIEW_GRADIENT_OPS`` models: a Dense layer on a 3-D
+    input reshapes it to 2-D for its matmul and the result back, and the
+    gradient of each Reshape is a Reshape of the incoming gradient, which
+    TensorFlow's kernel makes by sharing the buffer. In the profiled step no
+    gradient op named Reshape allocates; in the estimate the Reshapes'
+    gradients add nothing to the step's live bytes (they had a buffer of
+    their own before)."""
+    events = _profiled_allocations(DENSE_ON_SEQUENCES)
+    assert any(op.startswith("gradient_tape/") and "Tensordot/MatMul" in op
+               for op, _ in events), events
+    assert not [op for op, n in events if op.startswith("gradient_tape/") and "Reshape" in op]
+    namespace = {"keras": keras, "np": __import__("numpy"), "tf": __import__("tensorflow")}
+    exec(DENSE_ON_SEQUENCES, namespace)
+    est = memscope.estimate(namespace["model"], 32, optimizer="sgd", device="cpu",
+                            method="graph")
+    points = list(est.timeline)
+    reshapes = [(p.layer, p.live_bytes - q.live_bytes) for q, p in zip(points, points[1:])
+                if p.phase == "backward" and p.event == "Reshape"]
+    assert reshapes and all(rise <= 0 for _, rise in reshapes), reshapes
