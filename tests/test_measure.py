@@ -133,6 +133,21 @@ print(json.dumps([[s.get("tf_op", ""), s.get("requested_bytes", 0)] for _, s in 
 """
 
 
+def _model_of(model_code: str):
+    """The model a snippet of this module builds, in this process."""
+    namespace = {"keras": keras, "np": __import__("numpy"), "tf": __import__("tensorflow")}
+    exec(model_code, namespace)
+    return namespace["model"]
+
+
+def _rises(est, phase: str, layer: str | None = None) -> list[tuple[str, int]]:
+    """(event, change of the live bytes) at each point of the estimate's
+    timeline in ``phase`` (of ``layer``)."""
+    points = list(est.timeline)
+    return [(p.event, p.live_bytes - q.live_bytes) for q, p in zip(points, points[1:])
+            if p.phase == phase and (layer is None or p.layer == layer)]
+
+
 def _profiled_allocations(model_code: str, *args: str) -> list:
     """[op, requested bytes] of every allocation in one profiled training
     step (after a first), in a fresh process with the BFC allocator."""
@@ -524,9 +539,8 @@ def test_gradient_intermediates_held_beside_all_a_layer_keeps():
                 and "/mul/" in op]
     assert len(products) == 2, made
     assert most >= 5 * size, (most, made)
-    namespace = {"keras": keras, "np": __import__("numpy"), "tf": __import__("tensorflow")}
-    exec(PRELU, namespace)
-    est = memscope.estimate(namespace["model"], 32, device="cpu")
+    model = _model_of(PRELU)
+    est = memscope.estimate(model, 32, device="cpu")
     step = est.activations_bytes + est.gradients_bytes + est.workspace_bytes
     assert abs(step - most) <= 0.05 * most, (step, most)
 
@@ -564,9 +578,7 @@ def test_gradient_ops_that_read_only_forward_tensors_run_in_the_forward_pass():
     assert not any("lambda" in op and op.startswith("gradient_tape/")
                    for op in ops[:first_gradient]), ops
 
-    namespace = {"keras": keras, "np": __import__("numpy"), "tf": __import__("tensorflow")}
-    exec(GELU_NORM, namespace)
-    model = namespace["model"]
+    model = _model_of(GELU_NORM)
     calls = trace_model(model, 16).calls
     dense, norm, square = ([c for c in calls if c.layer is model.layers[i]][0]
                            for i in (0, 2, 3))
@@ -603,9 +615,8 @@ def test_identical_ops_of_sibling_layers_computed_once():
     events = _profiled_allocations(GATED)
     forward = [op for op, n in events if not op.startswith("gradient_tape/")]
     assert sum(1 for op in forward if op.endswith("SpaceToBatchND")) == 1, events
-    namespace = {"keras": keras, "np": __import__("numpy"), "tf": __import__("tensorflow")}
-    exec(GATED, namespace)
-    est = memscope.estimate(namespace["model"], 64, optimizer="sgd", device="cpu",
+    model = _model_of(GATED)
+    est = memscope.estimate(model, 64, optimizer="sgd", device="cpu",
                             method="graph")
     first, second = [r for r in est.layers if r.class_name == "Conv1D"]
     rearranged = 64 * 513 * 2 * 32 * 4  # (batch x 2, 513, 32) after padding by 2
@@ -638,9 +649,7 @@ def test_loss_on_logits_taken_as_probabilities():
     assert loss == {"Minimum": 1, "clip_by_value": 1, "Log": 1}, events
     masks = [op for op, n in events if n == logits // 4]
     assert len(masks) == 2 and all(op.startswith("gradient_tape/") for op in masks), events
-    namespace = {"keras": keras, "np": __import__("numpy"), "tf": __import__("tensorflow")}
-    exec(TOKENS, namespace)
-    model = namespace["model"]
+    model = _model_of(TOKENS)
     graph = memscope.estimate(model, 16, optimizer="sgd", device="cpu", method="graph")
     rules = memscope.estimate(model, 16, optimizer="sgd", device="cpu", method="rules")
     assert graph.peak_bytes - rules.peak_bytes >= logits
@@ -759,20 +768,17 @@ def test_an_erfc_gradient_is_written_in_place():
             if op.startswith("gradient_tape/") and "Gelu" in op and n == size]
     # the hoisted square (forward pass) and the one product
     assert len([op for op in gelu if "Square" not in op]) == 1, gelu
-    namespace = {"keras": keras, "np": __import__("numpy"), "tf": __import__("tensorflow")}
-    exec(GELU_DENSE, namespace)
-    est = memscope.estimate(namespace["model"], 512, optimizer="sgd", device="cpu",
+    model = _model_of(GELU_DENSE)
+    est = memscope.estimate(model, 512, optimizer="sgd", device="cpu",
                             method="graph")
-    points = list(est.timeline)
-    rises = [(p.event, p.live_bytes - q.live_bytes) for q, p in zip(points, points[1:])
-             if p.phase == "backward" and p.layer == "fc" and p.live_bytes > q.live_bytes
-             and not p.event.startswith(("MatMul", "BiasAdd"))]
+    rises = [(event, n) for event, n in _rises(est, "backward", "fc")
+             if n > 0 and not event.startswith(("MatMul", "BiasAdd"))]
     assert sum(n for _, n in rises) <= size + 1024 * 10 * 4, rises
     assert [op for op, n in events if op.endswith("Gelu/Erfc") and n == size], events
     from keras_memscope.graph import trace_model
     from keras_memscope.tfgraph import traced_prims
 
-    fc = trace_model(namespace["model"], 512).calls[0]
+    fc = trace_model(model, 512).calls[0]
     erfc = [p for p in traced_prims(fc) if p.name == "Erfc"]
     assert len(erfc) == 1 and not erfc[0].inplace, erfc
 
@@ -830,13 +836,10 @@ def test_a_recomputed_gelu_runs_depth_first():
     made = [name for kind, name, n in events if kind == "alloc" and n >= 512 * 1024 * 4]
     assert "Gelu/Neg" in made and "Gelu/mul" not in made, made
 
-    namespace = {"keras": keras, "np": __import__("numpy"), "tf": __import__("tensorflow")}
-    exec(RECOMPUTED_GELU, namespace)
-    est = memscope.estimate(namespace["model"], 512, optimizer="sgd", device="cpu",
+    model = _model_of(RECOMPUTED_GELU)
+    est = memscope.estimate(model, 512, optimizer="sgd", device="cpu",
                             method="graph")
-    points = list(est.timeline)
-    again = [(p.event, p.live_bytes - q.live_bytes) for q, p in zip(points, points[1:])
-             if p.phase == "recompute" and p.layer == "fc"]
+    again = _rises(est, "recompute", "fc")
     assert again[0] == ("Neg", 512 * 1024 * 4), again
     assert again[-1] == ("Mul", 0), again
 
@@ -862,11 +865,8 @@ def test_a_reshape_gradient_is_a_view():
     assert any(op.startswith("gradient_tape/") and "Tensordot/MatMul" in op
                for op, _ in events), events
     assert not [op for op, n in events if op.startswith("gradient_tape/") and "Reshape" in op]
-    namespace = {"keras": keras, "np": __import__("numpy"), "tf": __import__("tensorflow")}
-    exec(DENSE_ON_SEQUENCES, namespace)
-    est = memscope.estimate(namespace["model"], 32, optimizer="sgd", device="cpu",
+    model = _model_of(DENSE_ON_SEQUENCES)
+    est = memscope.estimate(model, 32, optimizer="sgd", device="cpu",
                             method="graph")
-    points = list(est.timeline)
-    reshapes = [(p.layer, p.live_bytes - q.live_bytes) for q, p in zip(points, points[1:])
-                if p.phase == "backward" and p.event == "Reshape"]
+    reshapes = [(event, n) for event, n in _rises(est, "backward") if event == "Reshape"]
     assert reshapes and all(rise <= 0 for _, rise in reshapes), reshapes
