@@ -484,7 +484,7 @@ def estimate(
     # after the backward pass the update's ready ops run together (both threads)
     final_temporaries = max(temporaries, state.final_update_peak - state.early_temporaries - 1)
     dtypes = {c.index: (c.outputs[0].dtype if c.outputs else "float32") for c in graph.calls}
-    backward_time = _backward_time(profile, dtypes)
+    backward_time = _ordering_seconds(timing.backward_seconds, profile, dtypes)
     sparse_sizes, scatters = _sparse_update(opt, ops)
     step = functools.partial(
         simulate,
@@ -504,7 +504,7 @@ def estimate(
         update_lag=lag,
         weight_grad_lag=profile.weight_grad_lag,
         backward_time=backward_time,
-        forward_time=_forward_time(profile, dtypes),
+        forward_time=_ordering_seconds(timing.forward_seconds, profile, dtypes),
         all_reduce_bytes=(sum(w.nbytes for w in graph.variables if w.trainable)
                           if all_reduce else 0),
         remat=regions,
@@ -637,21 +637,15 @@ def _grouped_convolution_notes(graph: ModelGraph, records: Sequence[LayerRecord]
             "of workspace at the most); DepthwiseConv2D computes the same without it"]
 
 
-def _backward_time(profile: devices.DeviceProfile,
-                   dtypes: dict[int, str]) -> Callable[[Any], tuple[float, float]]:
-    """Seconds of each prim's input and weight gradients on ``profile`` (or,
-    uncalibrated, at nominal CPU speeds): they order the CPU's two gradient
+def _ordering_seconds(seconds: Callable[..., Any], profile: devices.DeviceProfile,
+                      dtypes: dict[int, str]) -> Callable[[Any], Any]:
+    """``seconds(prim cost, profile, dtype)`` (``timing.backward_seconds``: a
+    prim's input and weight gradients; ``timing.forward_seconds``: its
+    forward kernel, which a recomputed prim runs again) on ``profile`` or,
+    uncalibrated, at nominal CPU speeds: they order the CPU's two gradient
     streams in the simulated step."""
     ordering = timing.ordering_profile(profile)
-    return lambda c: timing.backward_seconds(c, ordering, dtypes.get(c.layer_index, "float32"))
-
-
-def _forward_time(profile: devices.DeviceProfile,
-                  dtypes: dict[int, str]) -> Callable[[Any], float]:
-    """Seconds of each prim's forward kernel at the speeds that order the
-    gradient streams (a recomputed prim runs on the first)."""
-    ordering = timing.ordering_profile(profile)
-    return lambda c: timing.forward_seconds(c, ordering, dtypes.get(c.layer_index, "float32"))
+    return lambda c: seconds(c, ordering, dtypes.get(c.layer_index, "float32"))
 
 
 def _sparse_update(optimizer: Any, ops: Sequence[LayerOp]

@@ -226,10 +226,11 @@ def _depth_first(flats: Sequence[_Flat], index: Sequence[int]) -> list[int]:
     nothing reads after it (in the forward pass's order it runs first, into a
     buffer of its own, and ``-x`` writes into ``x``)."""
     made = {t: k for k, f in enumerate(flats) for t in f.outs}
-    waiting = [len({made[t] for t in f.ins if t in made}) for f in flats]
+    producers = [dict.fromkeys(made[t] for t in f.ins if t in made) for f in flats]
+    waiting = [len(p) for p in producers]
     readers: dict[int, list[int]] = defaultdict(list)
-    for k, f in enumerate(flats):
-        for j in dict.fromkeys(made[t] for t in f.ins if t in made):
+    for k, p in enumerate(producers):
+        for j in p:
             readers[j].append(k)
     stack = [k for k in range(len(flats)) if not waiting[k]]
     order: list[int] = []

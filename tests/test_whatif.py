@@ -355,13 +355,13 @@ def test_a_recomputation_takes_time_on_the_first_thread(monkeypatch):
     GELU's output, ends while the GELU is recomputed (as in the profiled
     step of ``mlp_gelu``, where it ends before the recomputed square is
     made). A recomputation taking no time ends none."""
-    from keras_memscope import estimator
+    from keras_memscope import timing
 
     model = gelu_mlp()
     est = memscope.whatif(model, 1024, remat="activations", optimizer="adam", device="cpu",
                           method="graph")
     assert _kernel_gradients_ended_during_recomputation(model, est)
-    monkeypatch.setattr(estimator, "_forward_time", lambda profile, dtypes: lambda c: 0.0)
+    monkeypatch.setattr(timing, "forward_seconds", lambda c, profile, dtype="float32": 0.0)
     instant = memscope.whatif(model, 1024, remat="activations", optimizer="adam",
                               device="cpu", method="graph")
     assert _kernel_gradients_ended_during_recomputation(model, instant) == []
