@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from typing import Any
 
 import keras
 import pytest
@@ -64,11 +65,7 @@ print(json.dumps([[n, s.get("tf_op", ""), s.get("requested_bytes", 0), s.get("ad
 def test_profiler_memory_events_in_time_order():
     """The profiler reader used by benchmarks/lstm_schedule.py: the step's 2 MiB
     product is allocated by its op and freed after, in that order."""
-    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run([sys.executable, "-c", PROFILE_ONE_OP], capture_output=True,
-                          text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    events = json.loads(proc.stdout.strip().splitlines()[-1])
+    events = _in_fresh_process(PROFILE_ONE_OP)
     product = [e for e in events if e[0] == "MemoryAllocation" and e[2] == 512 * 1024 * 4]
     assert product and product[0][1].endswith("mul"), events
     addr = product[0][3]
@@ -102,11 +99,7 @@ def test_optimizer_slots_start_shared_and_are_copied_at_first_update():
     """What ``optimizers.Slot`` models: Adam built while tracing the step gives
     its six 2 MiB slots (3 variables x 2 moments, all of one shape) one
     starting buffer; the first step writes five copies, the second none."""
-    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run([sys.executable, "-c", SHARED_SLOTS], capture_output=True,
-                          text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    built, first, second = json.loads(proc.stdout.strip().splitlines()[-1])
+    built, first, second = _in_fresh_process(SHARED_SLOTS)
     slot = 512 * 1024 * 4
     assert slot <= built < 2 * slot  # one buffer (and the step counter)
     assert 5 * slot <= first < 6 * slot
@@ -148,14 +141,20 @@ def _rises(est, phase: str, layer: str | None = None) -> list[tuple[str, int]]:
             if p.phase == phase and (layer is None or p.layer == layer)]
 
 
+def _in_fresh_process(code: str, *args: str) -> Any:
+    """What ``code`` (with ``args``) prints last, as JSON, run in a fresh
+    process with the BFC allocator."""
+    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def _profiled_allocations(model_code: str, *args: str) -> list:
     """[op, requested bytes] of every allocation in one profiled training
     step (after a first), in a fresh process with the BFC allocator."""
-    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run([sys.executable, "-c", PROFILED_STEP.format(model=model_code), *args],
-                          capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return _in_fresh_process(PROFILED_STEP.format(model=model_code), *args)
 
 
 WEIGHT_DECAY = r"""
@@ -320,11 +319,7 @@ def test_gradient_accumulators_between_steps():
     (accumulating) step, each accumulator's own buffer and the zeros constant
     an update resets them to; after the update, the moments' own buffers and
     no accumulator buffer; the next accumulating step brings the three back."""
-    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run([sys.executable, "-c", ACCUMULATORS], capture_output=True,
-                          text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    held = json.loads(proc.stdout.strip().splitlines()[-1])
+    held = _in_fresh_process(ACCUMULATORS)
     slot = 512 * 1024 * 4
     assert [round(h / slot) for h in held] == [1, 1 + 3 + 1, 6 + 1, 6 + 1 + 3, 6 + 1]
     assert all(h - round(h / slot) * slot < 64 * 1024 for h in held)  # counters only
@@ -391,11 +386,7 @@ def test_einsum_kernel_workspace_against_measurement(equation, a, b):
     own packing blocks (Eigen, a few hundred KiB) are not modelled."""
     from keras_memscope.tfgraph import einsum_workspace
 
-    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run([sys.executable, "-c", EINSUM, equation, json.dumps(a), json.dumps(b)],
-                          capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    measured = int(proc.stdout.strip().splitlines()[-1])
+    measured = _in_fresh_process(EINSUM, equation, json.dumps(a), json.dumps(b))
     model = einsum_workspace(equation, [a, b], 4)
     assert model <= measured <= model + 512 * 1024, (model, measured)
 
@@ -529,11 +520,7 @@ def test_gradient_intermediates_held_beside_all_a_layer_keeps():
     batch) are the step's most requested bytes alive; held only where the
     layer's gradient ends, one kept output was already freed (four
     tensors)."""
-    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run([sys.executable, "-c", PROFILED_PEAK.format(model=PRELU)],
-                          capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    most, made = json.loads(proc.stdout.strip().splitlines()[-1])
+    most, made = _in_fresh_process(PROFILED_PEAK.format(model=PRELU))
     size = 32 * 32 * 32 * 32 * 4
     products = [op for op, n in made if n == size and op.startswith("gradient_tape")
                 and "/mul/" in op]
@@ -824,12 +811,7 @@ def test_a_recomputed_gelu_runs_depth_first():
     nothing. The forward pass made ``0.5 * x`` first, in a buffer of its own.
     The estimate recomputes in that order: ``Neg`` first, the multiply last,
     adding nothing to the step's live bytes."""
-    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run(
-        [sys.executable, "-c", PROFILED_OPS.format(model=RECOMPUTED_GELU)],
-        capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    events = json.loads(proc.stdout.strip().splitlines()[-1])
+    events = _in_fresh_process(PROFILED_OPS.format(model=RECOMPUTED_GELU))
     ran = [name for kind, name, _ in events if kind == "op" and name.startswith("Gelu/")]
     assert "Gelu/Neg" in ran and "Gelu/mul" in ran, ran
     assert ran.index("Gelu/Neg") < ran.index("Gelu/mul"), ran
