@@ -7,9 +7,13 @@ measures their step-to-step spread, the ``--sigma`` of
 two warm-up steps, then three steps are profiled one by one; for every op
 that takes over 0.2 ms in each of them, the log of its duration in one step
 over another is taken, and the spread of those logs around their mean,
-divided by sqrt(2), is one op's log-normal sigma.
+divided by sqrt(2), is one op's log-normal sigma. The same spread is also
+given for ops by their duration (below 1 ms, 1-4 ms, 4 ms and over: the
+mean of the two steps), to show whether long ops vary as much as short
+ones; ``--model`` profiles another zoo model instead.
 
     python -m benchmarks.op_time_spread [--batch 16] [--steps 3]
+    python -m benchmarks.op_time_spread --model transformer --batch 16
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--model", default="resnet50", help="a builder of benchmarks.zoo")
     args = parser.parse_args(argv)
 
     import numpy as np
@@ -41,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from . import zoo
 
-    model = zoo.resnet50()
+    model = getattr(zoo, args.model)()
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     x = tf.constant(np.random.rand(args.batch, *model.inputs[0].shape[1:]).astype("float32"))
     y = tf.constant(np.zeros((args.batch,), dtype="int32"))
@@ -56,13 +61,22 @@ def main(argv: list[str] | None = None) -> int:
         steps.append(_op_durations(glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)[0]))
         shutil.rmtree(logdir, ignore_errors=True)
     ops = [op for op in steps[0] if all(s.get(op, 0.0) > 2e-4 for s in steps)]
-    print(f"ResNet-50, batch {args.batch}, Adam: {len(ops)} ops over 0.2 ms in each of "
+    print(f"{args.model}, batch {args.batch}, Adam: {len(ops)} ops over 0.2 ms in each of "
           f"{args.steps} profiled steps")
+    buckets = [("under 1 ms", 0.0, 1e-3), ("1-4 ms", 1e-3, 4e-3), ("4 ms and over", 4e-3, 1e9)]
     for a, b in itertools.combinations(range(args.steps), 2):
         logs = [math.log(steps[b][op] / steps[a][op]) for op in ops]
         sigma = statistics.pstdev(logs) / math.sqrt(2)
+        parts = []
+        for label, low, high in buckets:
+            these = [math.log(steps[b][op] / steps[a][op]) for op in ops
+                     if low <= (steps[a][op] + steps[b][op]) / 2 < high]
+            if len(these) > 1:
+                parts.append(f"{label} {statistics.pstdev(these) / math.sqrt(2):.2f} "
+                             f"({len(these)} ops)")
         print(f"steps {a + 1} and {b + 1}: one op's sigma {sigma:.2f} "
-              f"(median duration ratio {math.exp(statistics.median(logs)):.2f})")
+              f"(median duration ratio {math.exp(statistics.median(logs)):.2f}); "
+              + ", ".join(parts))
     return 0
 
 

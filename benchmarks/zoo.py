@@ -427,6 +427,113 @@ def convlstm() -> keras.Model:
     return keras.Model(inputs, layers.Dense(5)(x), name="convlstm")
 
 
+
+# --- models first estimated in the round after the novel set -----------------
+
+
+def mixer() -> keras.Model:
+    """An MLP-Mixer: 8 x 8 patches of a 64 x 64 image, token mixing through
+    a transpose (Permute), channel mixing, LayerNormalization, GELU."""
+    inputs = keras.Input((64, 64, 3))
+    x = layers.Conv2D(128, 8, strides=8)(inputs)
+    x = layers.Reshape((64, 128))(x)
+    for _ in range(2):
+        h = layers.Permute((2, 1))(layers.LayerNormalization()(x))
+        h = layers.Dense(64)(layers.Dense(256, activation="gelu")(h))
+        x = layers.Add()([x, layers.Permute((2, 1))(h)])
+        h = layers.LayerNormalization()(x)
+        h = layers.Dense(128)(layers.Dense(512, activation="gelu")(h))
+        x = layers.Add()([x, h])
+    x = layers.GlobalAveragePooling1D()(layers.LayerNormalization()(x))
+    return keras.Model(inputs, layers.Dense(10)(x), name="mixer")
+
+
+def generator() -> keras.Model:
+    """A DCGAN-style generator: a 128-d code through Dense and Reshape, three
+    stride-2 Conv2DTranspose with BatchNormalization and LeakyReLU, a tanh
+    64 x 64 x 3 image, compiled with mean absolute error."""
+    inputs = keras.Input((128,))
+    x = layers.Reshape((8, 8, 256))(layers.Dense(8 * 8 * 256, use_bias=False)(inputs))
+    for filters in (128, 64, 32):
+        x = layers.Conv2DTranspose(filters, 4, strides=2, padding="same", use_bias=False)(x)
+        x = layers.LeakyReLU(0.2)(layers.BatchNormalization()(x))
+    x = layers.Conv2D(3, 3, padding="same", activation="tanh")(x)
+    model = keras.Model(inputs, x, name="generator")
+    model.compile(loss="mae")
+    return model
+
+
+def video() -> keras.Model:
+    """Conv3D over 8 frames of 32 x 32 x 3: two 3 x 3 x 3 convolutions with
+    MaxPooling3D, global average pooling."""
+    return keras.Sequential([
+        keras.Input((8, 32, 32, 3)),
+        layers.Conv3D(16, 3, padding="same", activation="relu"), layers.MaxPooling3D(2),
+        layers.Conv3D(32, 3, padding="same", activation="relu"),
+        layers.GlobalAveragePooling3D(), layers.Dense(6)], name="video")
+
+
+def siamese() -> keras.Model:
+    """One convolutional encoder shared by two 48 x 48 images, the absolute
+    difference of their codes, a sigmoid, binary cross-entropy."""
+    encoder = keras.Sequential([
+        keras.Input((48, 48, 1)),
+        layers.Conv2D(32, 3, activation="relu"), layers.MaxPooling2D(),
+        layers.Conv2D(64, 3, activation="relu"), layers.GlobalAveragePooling2D(),
+        layers.Dense(64)], name="encoder")
+    a = keras.Input((48, 48, 1), name="left")
+    b = keras.Input((48, 48, 1), name="right")
+    d = layers.Lambda(lambda t: keras.ops.abs(t[0] - t[1]))([encoder(a), encoder(b)])
+    model = keras.Model([a, b], layers.Dense(1, activation="sigmoid")(d), name="siamese")
+    model.compile(loss="binary_crossentropy")
+    return model
+
+
+def efficientnetv2b0() -> keras.Model:
+    """EfficientNetV2-B0 (fused MBConv blocks, its own rescaling) on 96 x 96."""
+    return keras.applications.EfficientNetV2B0(weights=None, input_shape=(96, 96, 3),
+                                               classes=10)
+
+
+def resnext() -> keras.Model:
+    """Two ResNeXt blocks (1 x 1, a 3 x 3 convolution in 8 groups, 1 x 1,
+    BatchNormalization, a residual sum) on 64 x 64 inputs."""
+    inputs = keras.Input((64, 64, 3))
+    x = layers.Conv2D(64, 3, strides=2, padding="same", activation="relu")(inputs)
+    for _ in range(2):
+        h = layers.Conv2D(64, 1, activation="relu")(x)
+        h = layers.Conv2D(64, 3, padding="same", groups=8, activation="relu")(h)
+        h = layers.BatchNormalization()(layers.Conv2D(64, 1)(h))
+        x = layers.Activation("relu")(layers.Add()([x, h]))
+    x = layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, layers.Dense(10)(x), name="resnext")
+
+
+def crossattn() -> keras.Model:
+    """Cross-attention: 32 query tokens attend to 96 context tokens (two
+    inputs, 4 heads), LayerNormalization, a per-token softmax over 50
+    classes."""
+    q = keras.Input((32, 64), name="queries")
+    c = keras.Input((96, 64), name="context")
+    x = layers.Add()([q, layers.MultiHeadAttention(4, 16)(q, c)])
+    x = layers.LayerNormalization()(x)
+    x = layers.Dense(256, activation="relu")(x)
+    return keras.Model([q, c], layers.Dense(50, activation="softmax")(x), name="crossattn")
+
+
+def highway() -> keras.Model:
+    """Highway layers written with Lambda and keras.ops: a sigmoid gate
+    mixing a tanh transform with its input, t * h + (1 - t) * x, with
+    dropout."""
+    inputs = keras.Input((256,))
+    x = layers.Dense(512)(inputs)
+    for _ in range(3):
+        h = layers.Dense(512, activation="tanh")(x)
+        t = layers.Dense(512, activation="sigmoid")(x)
+        x = layers.Lambda(lambda v: v[0] * v[1] + (1.0 - v[0]) * v[2])([t, h, x])
+        x = layers.Dropout(0.2)(x)
+    return keras.Model(inputs, layers.Dense(20)(x), name="highway")
+
 ZOO = {f.__name__: f for f in (mlp, cnn, resnet50, mobilenetv2, vgg16, densenet121, lstm,
                                transformer)}
 HELD_OUT = {f.__name__: f for f in (unet, gru, vit, separable)}
@@ -436,6 +543,8 @@ FRESH = {f.__name__: f for f in (twotower, bilstm, timedistributed, skipnet, sub
                                  strided)}
 NOVEL = {f.__name__: f for f in (wavenet, resnet50v2, inceptionv3, vae, gqa, regularized,
                                  convlstm)}
+UNTRIED = {f.__name__: f for f in (mixer, generator, video, siamese, efficientnetv2b0, resnext,
+                                   crossattn, highway)}
 
 
 # --- large models, estimated without building their weights ------------------

@@ -12,6 +12,12 @@ algorithm of ``tensorflow/core/common_runtime/bfc_allocator.cc``:
 * when nothing fits, the allocator grows by a new region of
   ``max(request, current region size)`` bytes, the region size doubling from
   2 MiB after each growth;
+* each new region lies below the earlier ones: the operating system maps
+  each new block of memory below the last, and among free chunks of one
+  size the allocator takes the lowest address, so the newest region's.
+  Replayed with regions placed upward instead, a recorded process's counts
+  part from TensorFlow's at the first tie between regions (by up to 47 MiB
+  for MobileNetV2; ``benchmarks/allocator_replay.py``);
 * a freed chunk merges with free neighbours in its region.
 
 :class:`ExactModel` counts requests rounded to 256 bytes, with no
@@ -88,7 +94,7 @@ class BFCModel:
         self.peak = 0
         self._bins: list[list[tuple[int, int]]] = [[] for _ in range(_NUM_BINS)]
         self._by_addr: dict[int, _Chunk] = {}
-        self._next_addr = 1 << 20
+        self._next_addr = 1 << 46  # regions are placed downward from here
         self._regions = 0
 
     # free-chunk bins, each a sorted list of (size, addr)
@@ -132,9 +138,9 @@ class BFCModel:
         nbytes = min(self.region_bytes, available)
         if not grew:
             self.region_bytes *= 2
+        self._next_addr -= nbytes + (1 << 20)  # below the last, not adjacent to it
         chunk = _Chunk(self._next_addr, nbytes, self._regions)
         self._regions += 1
-        self._next_addr += nbytes + (1 << 20)  # regions are not adjacent
         self.total_region_bytes += nbytes
         self._by_addr[chunk.addr] = chunk
         self._insert_free(chunk)

@@ -212,6 +212,101 @@ class _Simulator:
         self.event_high = self.live
 
 
+#: the prims grappler's arithmetic optimizer gathers into one AddN
+_ADDITIONS = frozenset({"AddV2", "Add", "add"})
+
+
+def _two_threads(flats: Sequence[_Flat], seconds: Sequence[float]) -> list[int]:
+    """The order in which TensorFlow's executor starts a step's forward ops
+    on the CPU's two threads: an op that finishes hands the ops it makes
+    ready to its own thread's queue, run last in, first out (as in
+    :func:`_depth_first`); a thread with nothing queued takes the oldest op
+    of the other's queue. Independent branches (the two towers of a shared
+    encoder, a shortcut's convolution beside its block's first) so run side
+    by side, and their outputs are made in turn: the allocator trace of a
+    siamese network makes both towers' first activations before either
+    tower's pooling. ``seconds`` is each op's forward time; returns indices
+    into ``flats`` in start order.
+
+    A tree of additions of one shape (a Keras ``Add`` of more than two
+    inputs) is one ``AddN`` after grappler's arithmetic optimizer: none of
+    its additions starts before all its inputs exist (the trace of a
+    WaveNet stack frees its four skip outputs together, after the last)."""
+    import heapq
+
+    made = {t: k for k, f in enumerate(flats) for t in f.outs}
+    readers_of: dict[int, list[int]] = defaultdict(list)
+    for k, f in enumerate(flats):
+        for t in dict.fromkeys(f.ins):
+            readers_of[t].append(k)
+
+    def absorbed_into(k: int) -> int | None:
+        """The addition whose AddN takes addition ``k`` in."""
+        f = flats[k]
+        if f.prim.name not in _ADDITIONS or len(f.outs) != 1:
+            return None
+        reads = readers_of[f.outs[0]]
+        if len(reads) == 1 and flats[reads[0]].prim.name in _ADDITIONS \
+                and flats[reads[0]].prim.outputs[0][1] == f.prim.outputs[0][1]:
+            return reads[0]
+        return None
+
+    group = list(range(len(flats)))
+
+    def find(k: int) -> int:
+        while group[k] != k:
+            k = group[k]
+        return k
+
+    for k in range(len(flats)):
+        j = absorbed_into(k)
+        if j is not None:
+            group[find(k)] = find(j)
+    members: dict[int, set[int]] = defaultdict(set)
+    for k in range(len(flats)):
+        members[find(k)].add(k)
+    # a tree's additions wait for every input of the tree
+    tree_inputs = {g: {t for k in ks for t in flats[k].ins if made.get(t) not in ks}
+                   for g, ks in members.items() if len(ks) > 1}
+    producers = []
+    for k, f in enumerate(flats):
+        reads = set(f.ins) | tree_inputs.get(find(k), set())
+        producers.append(dict.fromkeys(sorted(made[t] for t in reads
+                                              if t in made and made[t] != k)))
+    waiting = [len(p) for p in producers]
+    readers: dict[int, list[int]] = defaultdict(list)
+    for k, p in enumerate(producers):
+        for j in p:
+            readers[j].append(k)
+    queues: list[deque[int]] = [deque(k for k in range(len(flats)) if not waiting[k]), deque()]
+    queues[0].reverse()  # the first op made runs first
+    running: list[tuple[float, int, int, int]] = []
+    idle = [True, True]
+    now, started, order = 0.0, 0, []
+    while True:
+        for th in (0, 1):
+            if not idle[th]:
+                continue
+            own, other = queues[th], queues[1 - th]
+            k = own.pop() if own else other.popleft() if other else None
+            if k is None:
+                continue
+            idle[th] = False
+            order.append(k)
+            heapq.heappush(running, (now + seconds[k], started, th, k))
+            started += 1
+        if not running:
+            break
+        now, _, th, k = heapq.heappop(running)
+        idle[th] = True
+        for j in readers[k]:
+            waiting[j] -= 1
+            if not waiting[j]:
+                queues[th].append(j)
+    ran = set(order)
+    return order + [k for k in range(len(flats)) if k not in ran]
+
+
 def _depth_first(flats: Sequence[_Flat], index: Sequence[int]) -> list[int]:
     """The order TensorFlow's executor runs a function's ops in when one
     thread runs them all (a recomputation: the profiled step runs a region's
@@ -350,6 +445,11 @@ def simulate(
     sums).
     """
     flats, tensor_bytes, weight_of = _flatten(ops)
+    if (forward_time is not None and backward_time is not None and weight_grad_lag > 0
+            and not remat):
+        # the CPU's executor runs independent forward branches side by side
+        seconds = [forward_time(c) for c in _costs(flats, tensor_bytes, weight_of)]
+        flats = [flats[k] for k in _two_threads(flats, seconds)]
     weight_trainable = {w.key: w.trainable for op in ops for w in op.weights}
     weight_bytes = {w.key: w.nbytes for op in ops for w in op.weights}
     weight_layer: dict[int, str] = {}

@@ -852,3 +852,64 @@ def test_a_reshape_gradient_is_a_view():
                             method="graph")
     reshapes = [(event, n) for event, n in _rises(est, "backward") if event == "Reshape"]
     assert reshapes and all(rise <= 0 for _, rise in reshapes), reshapes
+
+
+TOWERS = r"""
+encoder = keras.Sequential([keras.Input((48, 48, 1)), keras.layers.Conv2D(32, 3, activation="relu"),
+                            keras.layers.MaxPooling2D(), keras.layers.GlobalAveragePooling2D()],
+                           name="encoder")
+a, b = keras.Input((48, 48, 1)), keras.Input((48, 48, 1))
+diff = keras.layers.Subtract()([encoder(a), encoder(b)])
+model = keras.Model([a, b], keras.layers.Dense(1, activation="sigmoid")(diff))
+model.compile(optimizer="sgd", loss="binary_crossentropy")
+x = [tf.constant(np.ones((64, 48, 48, 1), "float32")) for _ in range(2)]
+y = tf.constant(np.zeros((64, 1), "float32"))
+"""
+
+
+def test_independent_towers_run_side_by_side():
+    """What ``schedule._two_threads`` models: TensorFlow's executor runs the
+    two towers of a shared encoder on its two threads, so the profiled step
+    makes both towers' convolution outputs (16.5 MiB each) before either
+    tower's pooling. The estimate's forward pass makes them in the same
+    order (it ran one tower after the other before)."""
+    events = _profiled_allocations(TOWERS)
+    forward = [op for op, n in events if n >= (1 << 20) and not op.startswith("gradient_tape")]
+    assert forward[:2] and all("Relu" in op for op in forward[:2]), forward
+    assert "MaxPool" in forward[2], forward
+    model = _model_of(TOWERS)
+    est = memscope.estimate(model, 64, optimizer="sgd", device="cpu", method="graph")
+    forward = [(p.layer, p.event) for p in est.timeline if p.phase == "forward"]
+    convs = [i for i, (_, event) in enumerate(forward) if event == "Conv2D"]
+    pools = [i for i, (_, event) in enumerate(forward) if event == "MaxPool"]
+    assert len(convs) == 2 and max(convs) < min(pools), forward
+
+
+SKIP_SUM = r"""
+inp = keras.Input((1024, 16))
+branches = [keras.layers.Conv1D(32, 3, padding="same", name=f"c{i}")(inp) for i in range(4)]
+h = keras.layers.Add(name="total")(branches)
+model = keras.Model(inp, keras.layers.Dense(4)(keras.layers.GlobalAveragePooling1D()(h)))
+model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+x, y = tf.constant(np.ones((32, 1024, 16), "float32")), tf.constant(np.zeros((32,), "int32"))
+"""
+
+
+def test_a_sum_of_more_than_two_waits_for_all_its_inputs():
+    """Grappler's arithmetic optimizer turns an ``Add`` of four tensors (three
+    additions) into one ``AddN``: no partial sum is made while a branch is
+    still to run, so all four branch outputs (4 MiB each) are alive together
+    before the sum. In the profiled step the sum allocates (if at all) only
+    after the fourth branch's output; the estimate, whose two threads would
+    otherwise add the first two branches as soon as they exist, holds all
+    four at once in its forward pass."""
+    events = _profiled_allocations(SKIP_SUM)
+    forward = [op for op, n in events if not op.startswith("gradient_tape")]
+    last_branch = max(i for i, op in enumerate(forward) if "/c3_" in op or "/c3/" in op)
+    assert not [op for op in forward[:last_branch] if "total" in op], forward
+    model = _model_of(SKIP_SUM)
+    est = memscope.estimate(model, 32, optimizer="sgd", device="cpu", method="graph")
+    forward_points = [p for p in est.timeline if p.phase == "forward"]
+    first_sum = next(i for i, p in enumerate(forward_points) if p.layer == "total")
+    convs = {p.layer for p in forward_points[:first_sum] if p.layer.startswith("c")}
+    assert convs == {"c0", "c1", "c2", "c3"}, [(p.layer, p.event) for p in forward_points]
