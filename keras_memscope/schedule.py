@@ -216,6 +216,37 @@ class _Simulator:
 _ADDITIONS = frozenset({"AddV2", "Add", "add"})
 
 
+def _addition_trees(flats: Sequence[_Flat], made: dict[int, int]) -> dict[int, set[int]]:
+    """For each addition in a tree of additions of one shape (a Keras ``Add``
+    of more than two inputs: each partial sum read only by the next), every
+    input of its tree, by the addition's index into ``flats``. Grappler's
+    arithmetic optimizer makes such a tree one ``AddN``, so none of its
+    additions starts before all those inputs exist: the trace of a WaveNet
+    stack frees its four skip outputs together, after the last."""
+    readers: dict[int, list[int]] = defaultdict(list)
+    for k, f in enumerate(flats):
+        for t in dict.fromkeys(f.ins):
+            readers[t].append(k)
+    root = list(range(len(flats)))  # each addition's tree, by its last addition
+    for k in range(len(flats) - 1, -1, -1):  # readers come after what they read
+        f = flats[k]
+        if f.prim.name not in _ADDITIONS or len(f.outs) != 1:
+            continue
+        reads = readers[f.outs[0]]
+        if len(reads) == 1 and flats[reads[0]].prim.name in _ADDITIONS \
+                and flats[reads[0]].prim.outputs[0][1] == f.prim.outputs[0][1]:
+            root[k] = root[reads[0]]
+    members: dict[int, set[int]] = defaultdict(set)
+    for k, r in enumerate(root):
+        members[r].add(k)
+    found: dict[int, set[int]] = {}
+    for ks in members.values():
+        if len(ks) > 1:
+            inputs = {t for k in ks for t in flats[k].ins if made.get(t) not in ks}
+            found.update((k, inputs) for k in ks)
+    return found
+
+
 def _two_threads(flats: Sequence[_Flat], seconds: Sequence[float]) -> list[int]:
     """The order in which TensorFlow's executor starts a step's forward ops
     on the CPU's two threads: an op that finishes hands the ops it makes
@@ -226,51 +257,16 @@ def _two_threads(flats: Sequence[_Flat], seconds: Sequence[float]) -> list[int]:
     by side, and their outputs are made in turn: the allocator trace of a
     siamese network makes both towers' first activations before either
     tower's pooling. ``seconds`` is each op's forward time; returns indices
-    into ``flats`` in start order.
-
-    A tree of additions of one shape (a Keras ``Add`` of more than two
-    inputs) is one ``AddN`` after grappler's arithmetic optimizer: none of
-    its additions starts before all its inputs exist (the trace of a
-    WaveNet stack frees its four skip outputs together, after the last)."""
+    into ``flats`` in start order. A sum of more than two tensors waits for
+    all of them
+    (:func:`_addition_trees`)."""
     import heapq
 
     made = {t: k for k, f in enumerate(flats) for t in f.outs}
-    readers_of: dict[int, list[int]] = defaultdict(list)
-    for k, f in enumerate(flats):
-        for t in dict.fromkeys(f.ins):
-            readers_of[t].append(k)
-
-    def absorbed_into(k: int) -> int | None:
-        """The addition whose AddN takes addition ``k`` in."""
-        f = flats[k]
-        if f.prim.name not in _ADDITIONS or len(f.outs) != 1:
-            return None
-        reads = readers_of[f.outs[0]]
-        if len(reads) == 1 and flats[reads[0]].prim.name in _ADDITIONS \
-                and flats[reads[0]].prim.outputs[0][1] == f.prim.outputs[0][1]:
-            return reads[0]
-        return None
-
-    group = list(range(len(flats)))
-
-    def find(k: int) -> int:
-        while group[k] != k:
-            k = group[k]
-        return k
-
-    for k in range(len(flats)):
-        j = absorbed_into(k)
-        if j is not None:
-            group[find(k)] = find(j)
-    members: dict[int, set[int]] = defaultdict(set)
-    for k in range(len(flats)):
-        members[find(k)].add(k)
-    # a tree's additions wait for every input of the tree
-    tree_inputs = {g: {t for k in ks for t in flats[k].ins if made.get(t) not in ks}
-                   for g, ks in members.items() if len(ks) > 1}
+    tree_inputs = _addition_trees(flats, made)
     producers = []
     for k, f in enumerate(flats):
-        reads = set(f.ins) | tree_inputs.get(find(k), set())
+        reads = set(f.ins) | tree_inputs.get(k, set())
         producers.append(dict.fromkeys(sorted(made[t] for t in reads
                                               if t in made and made[t] != k)))
     waiting = [len(p) for p in producers]
