@@ -247,6 +247,24 @@ def _addition_trees(flats: Sequence[_Flat], made: dict[int, int]) -> dict[int, s
     return found
 
 
+def _dependencies(flats: Sequence[_Flat], made: dict[int, int],
+                  also_reads: dict[int, set[int]] | None = None
+                  ) -> tuple[list[int], dict[int, list[int]]]:
+    """How many ops of ``flats`` each op waits for, and the ops waiting on
+    each (in ``flats``' order), by index into ``flats``; ``made`` maps a
+    tensor to the op that makes it, ``also_reads`` adds tensors an op waits
+    for beyond its inputs."""
+    waiting: list[int] = []
+    readers: dict[int, list[int]] = defaultdict(list)
+    for k, f in enumerate(flats):
+        reads = [*f.ins, *(also_reads or {}).get(k, ())]
+        producers = dict.fromkeys(made[t] for t in reads if t in made and made[t] != k)
+        waiting.append(len(producers))
+        for j in producers:
+            readers[j].append(k)
+    return waiting, readers
+
+
 def _two_threads(flats: Sequence[_Flat], seconds: Sequence[float]) -> list[int]:
     """The order in which TensorFlow's executor starts a step's forward ops
     on the CPU's two threads: an op that finishes hands the ops it makes
@@ -258,22 +276,11 @@ def _two_threads(flats: Sequence[_Flat], seconds: Sequence[float]) -> list[int]:
     siamese network makes both towers' first activations before either
     tower's pooling. ``seconds`` is each op's forward time; returns indices
     into ``flats`` in start order. A sum of more than two tensors waits for
-    all of them
-    (:func:`_addition_trees`)."""
+    all of them (:func:`_addition_trees`)."""
     import heapq
 
     made = {t: k for k, f in enumerate(flats) for t in f.outs}
-    tree_inputs = _addition_trees(flats, made)
-    producers = []
-    for k, f in enumerate(flats):
-        reads = set(f.ins) | tree_inputs.get(k, set())
-        producers.append(dict.fromkeys(sorted(made[t] for t in reads
-                                              if t in made and made[t] != k)))
-    waiting = [len(p) for p in producers]
-    readers: dict[int, list[int]] = defaultdict(list)
-    for k, p in enumerate(producers):
-        for j in p:
-            readers[j].append(k)
+    waiting, readers = _dependencies(flats, made, _addition_trees(flats, made))
     queues: list[deque[int]] = [deque(k for k in range(len(flats)) if not waiting[k]), deque()]
     queues[0].reverse()  # the first op made runs first
     running: list[tuple[float, int, int, int]] = []
@@ -317,12 +324,7 @@ def _depth_first(flats: Sequence[_Flat], index: Sequence[int]) -> list[int]:
     nothing reads after it (in the forward pass's order it runs first, into a
     buffer of its own, and ``-x`` writes into ``x``)."""
     made = {t: k for k, f in enumerate(flats) for t in f.outs}
-    producers = [dict.fromkeys(made[t] for t in f.ins if t in made) for f in flats]
-    waiting = [len(p) for p in producers]
-    readers: dict[int, list[int]] = defaultdict(list)
-    for k, p in enumerate(producers):
-        for j in p:
-            readers[j].append(k)
+    waiting, readers = _dependencies(flats, made)
     stack = [k for k in range(len(flats)) if not waiting[k]]
     order: list[int] = []
     while stack:
