@@ -509,6 +509,7 @@ def estimate(
                           if all_reduce else 0),
         remat=regions,
         allocator=profile.allocator,
+        update_time=functools.partial(_update_seconds, state, timing.ordering_profile(profile)),
     )
     nominal = step(ops)
     result, history_peaks = nominal, ()
@@ -646,6 +647,12 @@ def _ordering_seconds(seconds: Callable[..., Any], profile: devices.DeviceProfil
     streams in the simulated step."""
     ordering = timing.ordering_profile(profile)
     return lambda c: seconds(c, ordering, dtypes.get(c.layer_index, "float32"))
+
+
+def _update_seconds(state: Any, ordering: devices.DeviceProfile, nbytes: int) -> float:
+    """One variable's update (``nbytes``) on ``ordering``: it orders the
+    updates run beside the last weight gradients in the simulated step."""
+    return timing.update_time([nbytes], state.update_kernels, ordering, state.update_allocations)
 
 
 def _sparse_update(optimizer: Any, ops: Sequence[LayerOp]

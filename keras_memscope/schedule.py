@@ -361,6 +361,7 @@ def simulate(
     copy_on_read: bool = False,
     early_update: int = 0,
     final_update_workspace: Callable[[int], int] | None = None,
+    update_time: Callable[[int], float] | None = None,
 ) -> StepResult:
     """Simulate a warm-up step and a measured step; see the module docstring.
 
@@ -437,6 +438,11 @@ def simulate(
     holds each until its variable's update. ``final_update_workspace``
     replaces ``update_workspace`` for the updates left when the backward pass
     has ended, whose ops run as soon as they are ready (both threads free).
+    Once the input gradients are done, the updates whose gradients are
+    written run on the free thread beside the weight-gradient jobs still
+    running; ``update_time(variable bytes)`` gives each its seconds there, and
+    an update overlaps a job only when the job outlasts it (its temporaries
+    are made at its end). Without it each overlaps the jobs still running.
 
     With ``worst_case`` a prim's input gradient also holds its
     ``backlog_parts`` (a recurrent loop that ran ahead of its weight-gradient
@@ -1077,6 +1083,30 @@ def simulate(
                     end_job(jobs.popleft())
             if r is not None and i_flat == regions[r][0]:
                 advance(float("inf"))  # the region's gradients are done
+        if times:
+            # The input gradients are done: the first thread is free while
+            # the second may still run a weight gradient (a Conv1D's filter
+            # gradient after an Embedding). What the first thread finished is
+            # handed on now, and the updates whose gradients are written run
+            # on it beside that job, holding what it holds (an allocator
+            # trace of a text CNN: the embedding's sparse Adam update beside
+            # the convolution's filter gradient, 129.6 MiB against 106.5
+            # when the filter gradient ends first).
+            advance(clock)
+            for job in [j for j in jobs if j.started and j.end <= clock]:
+                jobs.remove(job)
+                end_job(job)
+            while queue and jobs:
+                # the update's temporaries come at its end: it overlaps the
+                # job only if the job outlasts it (a one-channel filter
+                # gradient that ends while the embedding's update runs leaves
+                # the step's peak where it was, 83.8 MiB in 18 measured steps)
+                if update_time is not None:
+                    clock += update_time(weight_bytes[queue[0][0]])
+                    advance(clock)  # (a job ending hands on its gradients)
+                    if not jobs or not queue:
+                        break
+                run_update(*queue.popleft())
         advance(float("inf"))
         if all_reduce_bytes:
             # the gradients are packed into one buffer and reduced across devices
