@@ -38,13 +38,13 @@ CASES = [
 ]
 
 RUN = r"""
-import glob, json, os, shutil, sys, tempfile
+import json, os, sys
 import numpy as np
 import tensorflow as tf
 import keras
 from keras import layers
 from tensorflow.python.eager import context
-from keras_memscope.measure import _xspace_events
+from keras_memscope.measure import _profiled, _xspace_events
 
 opt, batch, steps, units, inputs = sys.argv[1:6]
 batch, steps, units = int(batch), int(steps), int(units)
@@ -79,13 +79,10 @@ last = next((v for k, v in names.items() if readers and readers[-1].endswith(k))
 model.train_on_batch(x, y)
 alive_max = []
 for _ in range(2):
-    logdir = tempfile.mkdtemp()
-    tf.profiler.experimental.start(logdir)
-    model.train_on_batch(x, y)
-    tf.profiler.experimental.stop()
-    path = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)[0]
+    events = _profiled(lambda: model.train_on_batch(x, y), lambda path: _xspace_events(
+        path, ("MemoryAllocation", "MemoryDeallocation")))
     live, most = set(), 0
-    for name, stats in _xspace_events(path, ("MemoryAllocation", "MemoryDeallocation")):
+    for name, stats in events:
         op = stats.get("tf_op", "")
         partial = "while_grad" in op and op.endswith("MatMul_1_grad/MatMul_1")
         if name == "MemoryAllocation" and partial:
@@ -94,7 +91,6 @@ for _ in range(2):
             live.discard(stats.get("addr"))
         most = max(most, len(live))
     alive_max.append(most)
-    shutil.rmtree(logdir, ignore_errors=True)
 print(json.dumps({"readers": len(readers), "last": last, "alive": alive_max}))
 """
 

@@ -19,14 +19,11 @@ ones; ``--model`` profiles another zoo model instead.
 from __future__ import annotations
 
 import argparse
-import glob
 import itertools
 import math
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
@@ -42,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import tensorflow as tf
 
-    from keras_memscope.measure import _op_durations
+    from keras_memscope.measure import _op_durations, _profiled
 
     from . import zoo
 
@@ -54,12 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     model.train_on_batch(x, y)
     steps = []
     for _ in range(args.steps):
-        logdir = tempfile.mkdtemp()
-        tf.profiler.experimental.start(logdir)
-        model.train_on_batch(x, y)
-        tf.profiler.experimental.stop()
-        steps.append(_op_durations(glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)[0]))
-        shutil.rmtree(logdir, ignore_errors=True)
+        steps.append(_profiled(lambda: model.train_on_batch(x, y), _op_durations))
     ops = [op for op in steps[0] if all(s.get(op, 0.0) > 2e-4 for s in steps)]
     print(f"{args.model}, batch {args.batch}, Adam: {len(ops)} ops over 0.2 ms in each of "
           f"{args.steps} profiled steps")

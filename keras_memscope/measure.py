@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from .records import Measurement
@@ -362,10 +363,7 @@ def profile_step(model: Any, batch_size: int, *, optimizer: Any = "adam", loss: 
     ops attributed to layers through their name scopes; optimizer ops go to
     ``"optimizer"``, the rest (loss, metrics) to ``"other"``.
     """
-    import glob
-    import shutil
     import statistics
-    import tempfile
     import time
 
     import numpy as np
@@ -393,16 +391,7 @@ def profile_step(model: Any, batch_size: int, *, optimizer: Any = "adam", loss: 
         t = time.perf_counter()
         model.train_on_batch(x, y)
         walls.append(time.perf_counter() - t)
-    logdir = tempfile.mkdtemp(prefix="memscope-prof-")
-    try:
-        tf.profiler.experimental.start(logdir)
-        for _ in range(steps):
-            model.train_on_batch(x, y)
-        tf.profiler.experimental.stop()
-        path = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)[0]
-        ops = _op_durations(path)
-    finally:
-        shutil.rmtree(logdir, ignore_errors=True)
+    ops = _profiled(lambda: [model.train_on_batch(x, y) for _ in range(steps)], _op_durations)
     layers = {layer.name: layer for layer in model._flatten_layers(include_self=False)}
     names = {n: n for n in layers}
     by_layer: dict[str, float] = {}
@@ -421,6 +410,27 @@ def profile_step(model: Any, batch_size: int, *, optimizer: Any = "adam", loss: 
         by_category[cat] = by_category.get(cat, 0.0) + seconds
     return {"step_s": statistics.median(walls), "ops_s": sum(by_category.values()),
             "by_layer": by_layer, "by_category": by_category}
+
+
+def _profiled(run: Callable[[], Any], read: Callable[[str], Any]) -> Any:
+    """Run ``run()`` under TensorFlow's profiler and return ``read(path)`` of
+    the trace it wrote (an ``.xplane.pb`` file, removed afterwards)."""
+    import glob
+    import shutil
+    import tempfile
+
+    import tensorflow as tf
+
+    logdir = tempfile.mkdtemp(prefix="memscope-prof-")
+    try:
+        tf.profiler.experimental.start(logdir)
+        try:
+            run()
+        finally:
+            tf.profiler.experimental.stop()
+        return read(glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)[0])
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
 
 
 def _load_xspace(path: str) -> Any:

@@ -490,13 +490,10 @@ def peak(path):
     return [most, made]
 # the highest of three profiled steps: which ops run beside which varies
 # from step to step
+from keras_memscope.measure import _profiled
 steps = [peak(path)]
 for _ in range(2):
-    logdir = tempfile.mkdtemp()
-    tf.profiler.experimental.start(logdir)
-    model.train_on_batch(x, y)
-    tf.profiler.experimental.stop()
-    steps.append(peak(glob.glob(f"{{logdir}}/**/*.xplane.pb", recursive=True)[0]))
+    steps.append(_profiled(lambda: model.train_on_batch(x, y), peak))
 print(json.dumps(max(steps, key=lambda s: s[0])))
 """
 
@@ -915,7 +912,6 @@ def test_a_sum_of_more_than_two_waits_for_all_its_inputs():
     assert convs == {"c0", "c1", "c2", "c3"}, [(p.layer, p.event) for p in forward_points]
 
 
-
 TEXT_CONV = r"""
 model = keras.Sequential([keras.Input((300,), dtype="int32"),
                           keras.layers.Embedding(20000, 128, name="emb"),
@@ -928,20 +924,16 @@ x, y = tf.constant(np.ones((64, 300), "int32")), tf.constant(np.zeros((64,), "in
 #: Whether the Embedding's update starts before its output (which the
 #: convolution's filter gradient reads) is freed, in each of four profiled steps.
 UPDATE_BESIDE = r"""
-import glob, json, sys, tempfile
+import json
 import numpy as np, keras, tensorflow as tf
-from keras_memscope.measure import _xspace_events
+from keras_memscope.measure import _profiled, _xspace_events
 {model}
 model.train_on_batch(x, y)
 beside = []
 for _ in range(4):
-    logdir = tempfile.mkdtemp()
-    tf.profiler.experimental.start(logdir)
-    model.train_on_batch(x, y)
-    tf.profiler.experimental.stop()
-    path = glob.glob(f"{{logdir}}/**/*.xplane.pb", recursive=True)[0]
     events = [(n == "MemoryAllocation", s.get("tf_op", ""), s.get("addr"))
-              for n, s in _xspace_events(path, ("MemoryAllocation", "MemoryDeallocation"))]
+              for n, s in _profiled(lambda: model.train_on_batch(x, y), lambda path: _xspace_events(
+                  path, ("MemoryAllocation", "MemoryDeallocation")))]
     gather = next(i for i, (a, op, _) in enumerate(events) if a and op.endswith("emb_1/GatherV2"))
     freed = next(i for i, (a, _, addr) in enumerate(events)
                  if i > gather and not a and addr == events[gather][2])
