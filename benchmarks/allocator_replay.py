@@ -21,8 +21,8 @@ import sys
 
 PROFILED_RUN = r"""
 import glob, json, sys, tempfile
-import numpy as np, keras, tensorflow as tf
-from keras_memscope.measure import _xspace_events
+import keras, tensorflow as tf
+from keras_memscope.measure import _xspace_events, synthetic_tensor
 name, batch, policy, steps = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 logdir = tempfile.mkdtemp()
 tf.profiler.experimental.start(logdir)
@@ -33,9 +33,8 @@ model = getattr(zoo, name)()
 model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
 shape = (batch,) + tuple(model.inputs[0].shape[1:])
 dtype = model.inputs[0].dtype
-x = tf.constant(np.zeros(shape, dtype) if "int" in str(dtype)
-                else np.random.default_rng(0).random(shape, dtype="float32"))
-y = tf.constant(np.zeros((batch,), "int32"))
+x = synthetic_tensor(shape, str(dtype))
+y = synthetic_tensor((batch,), "int32")
 for _ in range(steps):
     model.train_on_batch(x, y)
 tf.profiler.experimental.stop()

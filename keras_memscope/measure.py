@@ -65,6 +65,24 @@ def _output_shapes(model: Any, specs: list[tuple[str, tuple, str]]) -> list[tupl
     return [tuple(s.shape) for s in keras.tree.flatten(spec)]
 
 
+def synthetic_tensor(shape: Any, dtype: str, *, zeros: bool = False) -> Any:
+    """A batch-sized tensor that TensorFlow's own allocator holds.
+
+    Floating inputs are random normal (``zeros=True`` for zeros), integer and
+    boolean ones zeros. They are made by TensorFlow ops rather than with
+    ``tf.constant`` of a NumPy array: such a constant sometimes keeps the
+    array's own buffer instead of copying it (in one process about one
+    array in six, depending on where NumPy put it), and the allocator then
+    never sees the batch, so a measured peak was one input batch lower in
+    some processes than in others.
+    """
+    import tensorflow as tf
+
+    if zeros or not (dtype.startswith("float") or dtype == "bfloat16"):
+        return tf.zeros(shape, dtype=dtype)
+    return tf.random.stateless_normal(shape, seed=(0, 0), dtype=dtype)
+
+
 def run_steps(model: Any, batch_size: int, *, optimizer: Any, loss: Any, steps: int,
               device: str, input_shape: Any = None) -> dict[str, Any]:
     """Compile ``model``, train it on one synthetic batch, read the allocator.
@@ -72,19 +90,12 @@ def run_steps(model: Any, batch_size: int, *, optimizer: Any, loss: Any, steps: 
     Runs in the current process; the caller is responsible for the allocator
     setting (see :func:`measure`).
     """
-    import numpy as np
     import tensorflow as tf
 
     from .graph import concrete_input_shapes
 
     specs = concrete_input_shapes(model, batch_size, input_shape)
-    rng = np.random.default_rng(0)
-    xs = []
-    for _, shape, dtype in specs:
-        if dtype.startswith("int") or dtype.startswith("uint") or dtype == "bool":
-            xs.append(tf.constant(np.zeros(shape, dtype=dtype)))
-        else:
-            xs.append(tf.constant(rng.standard_normal(shape).astype(dtype)))
+    xs = [synthetic_tensor(shape, dtype) for _, shape, dtype in specs]
     x = xs[0] if len(xs) == 1 else xs
     out_shapes = _output_shapes(model, specs)
     if loss is None:
@@ -102,9 +113,9 @@ def run_steps(model: Any, batch_size: int, *, optimizer: Any, loss: Any, steps: 
     ys = []
     for shape, item in zip(out_shapes, losses):
         if "sparse" in _loss_name(item).lower():  # class indices
-            ys.append(tf.constant(np.zeros((batch_size, *shape[1:-1]), dtype="int32")))
+            ys.append(synthetic_tensor((batch_size, *shape[1:-1]), "int32"))
         else:
-            ys.append(tf.constant(np.zeros((batch_size, *shape[1:]), dtype="float32")))
+            ys.append(synthetic_tensor((batch_size, *shape[1:]), "float32", zeros=True))
     if isinstance(getattr(model, "output", None), dict) and len(names) == len(ys):
         y = dict(zip(names, ys))  # the targets in the outputs' structure
     else:
@@ -366,24 +377,19 @@ def profile_step(model: Any, batch_size: int, *, optimizer: Any = "adam", loss: 
     import statistics
     import time
 
-    import numpy as np
-    import tensorflow as tf
-
     from .graph import concrete_input_shapes
     from .rules import category_of
 
     specs = concrete_input_shapes(model, batch_size, input_shape)
-    rng = np.random.default_rng(0)
-    xs = [tf.constant(np.zeros(shape, dtype=dtype)) if dtype.startswith(("int", "uint"))
-          else tf.constant(rng.standard_normal(shape).astype(dtype)) for _, shape, dtype in specs]
+    xs = [synthetic_tensor(shape, dtype) for _, shape, dtype in specs]
     x = xs[0] if len(xs) == 1 else xs
     out_shape = tuple(model.outputs[0].shape) if getattr(model, "outputs", None) else None
     loss = loss or (_default_loss(out_shape) if out_shape else "mse")
     model.compile(optimizer=optimizer, loss=loss, jit_compile=False)
     if "sparse" in str(loss):
-        y = tf.constant(np.zeros((batch_size, *out_shape[1:-1]), dtype="int32"))
+        y = synthetic_tensor((batch_size, *out_shape[1:-1]), "int32")
     else:
-        y = tf.constant(np.zeros((batch_size, *out_shape[1:]), dtype="float32"))
+        y = synthetic_tensor((batch_size, *out_shape[1:]), "float32", zeros=True)
     model.train_on_batch(x, y)
     model.train_on_batch(x, y)
     walls = []

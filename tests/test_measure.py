@@ -1,6 +1,7 @@
 """Estimates against the real allocator, measured in fresh processes."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -30,10 +31,15 @@ def test_rules_estimate_against_measurement(make, batch, optimizer, processes):
     model = make()
     runs = [memscope.measure(model, batch, optimizer=optimizer, steps=4, device="cpu")
             for _ in range(processes)]
+    # what stays between steps: the weights, the optimizer's slots and the
+    # input batch, which every process counts (measure.synthetic_tensor)
+    held = (model.count_params() * (1 + {"adam": 2, "sgd": 0}[optimizer])
+            + batch * math.prod(model.inputs[0].shape[1:])) * 4
     for measured in runs:
         assert measured.in_subprocess and measured.allocator == "BFC"
         assert len(measured.step_peak_bytes) == 4
-        assert 0 < measured.persistent_bytes < measured.peak_bytes
+        assert held <= measured.persistent_bytes < measured.peak_bytes, (
+            held, [m.persistent_bytes for m in runs])
     worst = max(m.peak_bytes for m in runs)
     est = memscope.estimate(model, batch, optimizer=optimizer, device="cpu")
     error = (est.peak_bytes - worst) / worst
@@ -161,7 +167,7 @@ WEIGHT_DECAY = r"""
 model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(512, activation="relu"),
                           keras.layers.Dense(512, activation="relu"), keras.layers.Dense(10)])
 model.compile(optimizer=keras.optimizers.AdamW(), loss="sparse_categorical_crossentropy")
-x, y = tf.constant(np.ones((64, 256), "float32")), tf.constant(np.zeros((64,), "int32"))
+x, y = tf.ones((64, 256), "float32"), tf.zeros((64,), "int32")
 """
 
 
@@ -188,7 +194,7 @@ DENSE_RELU = r"""
 model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(1000, activation="relu"),
                           keras.layers.Dense(1000, activation="relu"), keras.layers.Dense(10)])
 model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-x, y = tf.constant(np.ones((97, 64), "float32")), tf.constant(np.zeros((97,), "int32"))
+x, y = tf.ones((97, 64), "float32"), tf.zeros((97,), "int32")
 """
 
 
@@ -217,7 +223,7 @@ branches = [keras.layers.Conv2D(8, 3, padding="same")(keras.layers.Activation("r
 out = keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(keras.layers.Add()(branches)))
 model = keras.Model(inp, out)
 model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-x, y = tf.constant(np.ones((16, 32, 32, 8), "float32")), tf.constant(np.zeros((16,), "int32"))
+x, y = tf.ones((16, 32, 32, 8), "float32"), tf.zeros((16,), "int32")
 """
 
 
@@ -240,7 +246,7 @@ out = keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(
     keras.layers.BatchNormalization()(x)))
 model = keras.Model(inp, out)
 model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-x, y = tf.constant(np.ones((16, 32, 32, 16), "float32")), tf.constant(np.zeros((16,), "int32"))
+x, y = tf.ones((16, 32, 32, 16), "float32"), tf.zeros((16,), "int32")
 """
 
 
@@ -263,7 +269,7 @@ SPARSE = r"""
 model = keras.Sequential([keras.Input((200,), dtype="int32"), keras.layers.Embedding(20000, 64),
                           keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(10)])
 model.compile(optimizer=sys.argv[1], loss="sparse_categorical_crossentropy")
-x, y = tf.constant(np.ones((64, 200), "int32")), tf.constant(np.zeros((64,), "int32"))
+x, y = tf.ones((64, 200), "int32"), tf.zeros((64,), "int32")
 """
 
 
@@ -502,7 +508,7 @@ model = keras.Sequential([keras.Input((32, 32, 16)), keras.layers.Conv2D(32, 3, 
                           keras.layers.PReLU(), keras.layers.AveragePooling2D(2),
                           keras.layers.Flatten(), keras.layers.Dense(10)])
 model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-x, y = tf.constant(np.ones((32, 32, 32, 16), "float32")), tf.constant(np.zeros((32,), "int32"))
+x, y = tf.ones((32, 32, 32, 16), "float32"), tf.zeros((32,), "int32")
 """
 
 
@@ -535,7 +541,7 @@ model = keras.Sequential([keras.Input((64, 128)), keras.layers.Dense(512, activa
                           keras.layers.Lambda(lambda t: tf.sigmoid(tf.square(t)) * t),
                           keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(10)])
 model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-x, y = tf.constant(np.ones((16, 64, 128), "float32")), tf.constant(np.zeros((16,), "int32"))
+x, y = tf.ones((16, 64, 128), "float32"), tf.zeros((16,), "int32")
 """
 
 
@@ -582,8 +588,8 @@ t = keras.layers.Conv1D(32, 2, dilation_rate=2, padding="causal", activation="ta
 s = keras.layers.Conv1D(32, 2, dilation_rate=2, padding="causal", activation="sigmoid")(inputs)
 model = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Multiply()([t, s])))
 model.compile(optimizer="sgd", loss="mse")
-x = tf.constant(np.ones((64, 1024, 32), "float32"))
-y = tf.constant(np.zeros((64, 1024, 1), "float32"))
+x = tf.ones((64, 1024, 32), "float32")
+y = tf.zeros((64, 1024, 1), "float32")
 """
 
 
@@ -611,8 +617,8 @@ TOKENS = r"""
 model = keras.Sequential([keras.Input((64,), dtype="int32"), keras.layers.Embedding(2000, 32),
                           keras.layers.Dense(4000)])
 model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-x = tf.constant(np.zeros((16, 64), "int32"))
-y = tf.constant(np.zeros((16, 64), "int32"))
+x = tf.zeros((16, 64), "int32")
+y = tf.zeros((16, 64), "int32")
 """
 
 
@@ -644,7 +650,7 @@ keras.mixed_precision.set_global_policy("mixed_bfloat16")
 model = keras.Sequential([keras.Input((384,)), keras.layers.Dense(1024, name="fc"),
                           keras.layers.Dense(10, dtype="float32")])
 model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-x, y = tf.constant(np.ones((1000, 384), "float32")), tf.constant(np.zeros((1000,), "int32"))
+x, y = tf.ones((1000, 384), "float32"), tf.zeros((1000,), "int32")
 """
 
 
@@ -686,7 +692,7 @@ for i in range(4):
 out = keras.layers.Dense(10, dtype="float32")(keras.layers.GlobalAveragePooling2D()(h))
 model = keras.Model(inp, out)
 model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-x, y = tf.constant(np.ones((16, 32, 32, 8), "float32")), tf.constant(np.zeros((16,), "int32"))
+x, y = tf.ones((16, 32, 32, 8), "float32"), tf.zeros((16,), "int32")
 """
 
 
@@ -727,7 +733,7 @@ model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(1024, activati
                                                                   name="fc"),
                           keras.layers.Dense(10)])
 model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-x, y = tf.constant(np.ones((512, 256), "float32")), tf.constant(np.zeros((512,), "int32"))
+x, y = tf.ones((512, 256), "float32"), tf.zeros((512,), "int32")
 """
 
 
@@ -745,9 +751,18 @@ def test_an_erfc_gradient_is_written_in_place():
     that: the rises of the step's live bytes at them add up to one such
     tensor (and the next Dense's 40 KiB kernel gradient, on the other
     thread); before, the erfc's gradient allocated a second. Its forward
-    erfc does not write into its input."""
+    erfc does not write into its input. TensorFlow's made no tensor of its
+    own in 3 of 20 processes here (it reused a buffer, when the order of the
+    erfc and the square let it): the estimate takes the worst case, and the
+    erfc's allocation is looked for in up to three processes."""
     events = _profiled_allocations(GELU_DENSE)
     size = 512 * 1024 * 4
+    erfc_made = [op for op, n in events if op.endswith("Gelu/Erfc") and n == size]
+    for _ in range(2):
+        if erfc_made:
+            break
+        erfc_made = [op for op, n in _profiled_allocations(GELU_DENSE)
+                     if op.endswith("Gelu/Erfc") and n == size]
     gelu = [op for op, n in events
             if op.startswith("gradient_tape/") and "Gelu" in op and n == size]
     # the hoisted square (forward pass) and the one product
@@ -758,7 +773,7 @@ def test_an_erfc_gradient_is_written_in_place():
     rises = [(event, n) for event, n in _rises(est, "backward", "fc")
              if n > 0 and not event.startswith(("MatMul", "BiasAdd"))]
     assert sum(n for _, n in rises) <= size + 1024 * 10 * 4, rises
-    assert [op for op, n in events if op.endswith("Gelu/Erfc") and n == size], events
+    assert erfc_made, events
     from keras_memscope.graph import trace_model
     from keras_memscope.tfgraph import traced_prims
 
@@ -796,7 +811,7 @@ with keras.RematScope(mode="activations"):
                               keras.layers.Dense(1024, activation="gelu", name="fc"),
                               keras.layers.Dense(10)])
 model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-x, y = tf.constant(np.ones((512, 256), "float32")), tf.constant(np.zeros((512,), "int32"))
+x, y = tf.ones((512, 256), "float32"), tf.zeros((512,), "int32")
 """
 
 
@@ -828,7 +843,7 @@ model = keras.Sequential([keras.Input((64, 128)), keras.layers.Dense(512, name="
                           keras.layers.Dense(256, name="fc2"),
                           keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(10)])
 model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-x, y = tf.constant(np.ones((32, 64, 128), "float32")), tf.constant(np.zeros((32,), "int32"))
+x, y = tf.ones((32, 64, 128), "float32"), tf.zeros((32,), "int32")
 """
 
 
@@ -859,8 +874,8 @@ a, b = keras.Input((48, 48, 1)), keras.Input((48, 48, 1))
 diff = keras.layers.Subtract()([encoder(a), encoder(b)])
 model = keras.Model([a, b], keras.layers.Dense(1, activation="sigmoid")(diff))
 model.compile(optimizer="sgd", loss="binary_crossentropy")
-x = [tf.constant(np.ones((64, 48, 48, 1), "float32")) for _ in range(2)]
-y = tf.constant(np.zeros((64, 1), "float32"))
+x = [tf.ones((64, 48, 48, 1), "float32") for _ in range(2)]
+y = tf.zeros((64, 1), "float32")
 """
 
 
@@ -888,7 +903,7 @@ branches = [keras.layers.Conv1D(32, 3, padding="same", name=f"c{i}")(inp) for i 
 h = keras.layers.Add(name="total")(branches)
 model = keras.Model(inp, keras.layers.Dense(4)(keras.layers.GlobalAveragePooling1D()(h)))
 model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-x, y = tf.constant(np.ones((32, 1024, 16), "float32")), tf.constant(np.zeros((32,), "int32"))
+x, y = tf.ones((32, 1024, 16), "float32"), tf.zeros((32,), "int32")
 """
 
 
@@ -918,7 +933,7 @@ model = keras.Sequential([keras.Input((300,), dtype="int32"),
                           keras.layers.Conv1D(filters, 5, activation="relu", name="conv"),
                           keras.layers.GlobalMaxPooling1D(), keras.layers.Dense(5)])
 model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
-x, y = tf.constant(np.ones((64, 300), "int32")), tf.constant(np.zeros((64,), "int32"))
+x, y = tf.ones((64, 300), "int32"), tf.zeros((64,), "int32")
 """
 
 #: Whether the Embedding's update starts before its output (which the
