@@ -69,8 +69,9 @@ def synthetic_tensor(shape: Any, dtype: str, *, zeros: bool = False) -> Any:
     """A batch-sized tensor that TensorFlow's allocator holds, made in one
     allocation.
 
-    Floating inputs are ones (``zeros=True`` for zeros), integer and boolean
-    ones zeros: the memory a step takes does not depend on the values. Made
+    Floating tensors are ones (``zeros=True`` for zeros), all others (integer,
+    boolean, string) zeros: the memory a step takes does not depend on the
+    values. Made
     by ``tf.ones`` / ``tf.zeros`` (one ``Fill``), as a batch made by a
     dataset is one tensor. Not ``tf.constant`` of a NumPy array: such a
     constant sometimes keeps the array's own buffer instead of copying it

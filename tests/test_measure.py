@@ -784,12 +784,15 @@ def test_an_erfc_gradient_is_written_in_place():
     erfc's allocation is looked for in up to three processes."""
     events = _profiled_allocations(GELU_DENSE)
     size = 512 * 1024 * 4
-    erfc_made = [op for op, n in events if op.endswith("Gelu/Erfc") and n == size]
+
+    def erfc_allocations(step: list) -> list:
+        return [op for op, n in step if op.endswith("Gelu/Erfc") and n == size]
+
+    erfc_made = erfc_allocations(events)
     for _ in range(2):
         if erfc_made:
             break
-        erfc_made = [op for op, n in _profiled_allocations(GELU_DENSE)
-                     if op.endswith("Gelu/Erfc") and n == size]
+        erfc_made = erfc_allocations(_profiled_allocations(GELU_DENSE))
     gelu = [op for op, n in events
             if op.startswith("gradient_tape/") and "Gelu" in op and n == size]
     # the hoisted square (forward pass) and the one product
