@@ -534,6 +534,149 @@ def highway() -> keras.Model:
         x = layers.Dropout(0.2)(x)
     return keras.Model(inputs, layers.Dense(20)(x), name="highway")
 
+
+# --- models first estimated in the round after the untried set --------------
+
+
+def deeplab() -> keras.Model:
+    """An atrous spatial pyramid (DeepLab-style): a stride-2 stem, parallel
+    1 x 1 and dilated 3 x 3 convolutions (rates 2 and 4) and an image-pooling
+    branch broadcast back by UpSampling2D, concatenated, bilinear upsampling
+    to the input's size, per-pixel logits over 5 classes (sparse
+    cross-entropy from logits)."""
+    inputs = keras.Input((64, 64, 3))
+    x = layers.Conv2D(32, 3, strides=2, padding="same", activation="relu")(inputs)
+    branches = [layers.Conv2D(32, 1, activation="relu")(x)]
+    for rate in (2, 4):
+        branches.append(layers.Conv2D(32, 3, padding="same", dilation_rate=rate,
+                                      activation="relu")(x))
+    pooled = layers.GlobalAveragePooling2D(keepdims=True)(x)
+    pooled = layers.Conv2D(32, 1, activation="relu")(pooled)
+    branches.append(layers.UpSampling2D(32)(pooled))
+    x = layers.Conv2D(64, 1, activation="relu")(layers.Concatenate()(branches))
+    x = layers.UpSampling2D(2, interpolation="bilinear")(x)
+    model = keras.Model(inputs, layers.Conv2D(5, 1)(x), name="deeplab")
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def crnn() -> keras.Model:
+    """A convolutional-recurrent tagger on 64 x 64 spectrograms: two
+    convolutions with pooling along frequency only, the frequency axis
+    folded into features, a SimpleRNN over the 64 frames, a softmax over 20
+    labels per frame."""
+    inputs = keras.Input((64, 64, 1))
+    x = layers.Conv2D(16, 3, padding="same", activation="relu")(inputs)
+    x = layers.MaxPooling2D((1, 4))(x)
+    x = layers.Conv2D(32, 3, padding="same", activation="relu")(x)
+    x = layers.MaxPooling2D((1, 4))(x)
+    x = layers.Reshape((64, 4 * 32))(x)
+    x = layers.SimpleRNN(128, return_sequences=True)(x)
+    model = keras.Model(inputs, layers.Dense(20, activation="softmax")(x), name="crnn")
+    model.compile(loss="sparse_categorical_crossentropy")
+    return model
+
+
+class Experts(layers.Layer):
+    """``n`` expert MLPs applied to every token, mixed by a softmax gate:
+    one ``(n, d, h)`` kernel and one ``(n, h, d)`` kernel, ``keras.ops.einsum``."""
+
+    def __init__(self, experts: int = 4, hidden: int = 128, **kwargs):
+        super().__init__(**kwargs)
+        self.experts, self.hidden = experts, hidden
+
+    def build(self, input_shape):
+        d = input_shape[0][-1]
+        self.w_in = self.add_weight(shape=(self.experts, d, self.hidden),
+                                    initializer="glorot_uniform", name="w_in")
+        self.w_out = self.add_weight(shape=(self.experts, self.hidden, d),
+                                     initializer="glorot_uniform", name="w_out")
+
+    def call(self, inputs):
+        x, gate = inputs
+        h = keras.ops.gelu(keras.ops.einsum("btd,edh->bteh", x, self.w_in))
+        y = keras.ops.einsum("bteh,ehd->bted", h, self.w_out)
+        return keras.ops.einsum("bted,bte->btd", y, gate)
+
+    def get_config(self):
+        return {**super().get_config(), "experts": self.experts, "hidden": self.hidden}
+
+
+def moe() -> keras.Model:
+    """A mixture-of-experts block on 32 tokens of 64 features: a softmax gate
+    over four experts (a custom layer of einsums), a residual sum,
+    LayerNormalization, mean pooling, 10 classes."""
+    inputs = keras.Input((32, 64))
+    gate = layers.Dense(4, activation="softmax")(inputs)
+    x = layers.Add()([inputs, Experts(4, 128)([inputs, gate])])
+    x = layers.LayerNormalization()(x)
+    x = layers.GlobalAveragePooling1D()(x)
+    return keras.Model(inputs, layers.Dense(10)(x), name="moe")
+
+
+def selunet() -> keras.Model:
+    """A self-normalizing regression MLP: SELU layers with lecun_normal
+    weights, GaussianNoise, AlphaDropout, UnitNormalization, 32 outputs,
+    Huber loss."""
+    inputs = keras.Input((256,))
+    x = layers.GaussianNoise(0.1)(inputs)
+    for _ in range(2):
+        x = layers.Dense(512, activation="selu", kernel_initializer="lecun_normal")(x)
+        x = layers.AlphaDropout(0.1)(x)
+    x = layers.UnitNormalization()(x)
+    model = keras.Model(inputs, layers.Dense(32)(x), name="selunet")
+    model.compile(loss="huber")
+    return model
+
+
+def additive() -> keras.Model:
+    """Additive (Bahdanau) self-attention over a convolutional encoding of 64
+    tokens: Embedding, Conv1D, AdditiveAttention (a tanh over every
+    query-key pair), GlobalMaxPooling1D, 3 classes."""
+    inputs = keras.Input((64,), dtype="int32")
+    x = layers.Embedding(5000, 64)(inputs)
+    x = layers.Conv1D(64, 3, padding="same", activation="relu")(x)
+    x = layers.AdditiveAttention()([x, x])
+    x = layers.GlobalMaxPooling1D()(x)
+    return keras.Model(inputs, layers.Dense(3)(x), name="additive")
+
+
+def upconv1d() -> keras.Model:
+    """A 1-D convolutional autoencoder for 250-step, 8-channel signals:
+    ZeroPadding1D to 256, two stride-2 Conv1D with ELU, two stride-2
+    Conv1DTranspose, Cropping1D back to 250, mean squared error."""
+    inputs = keras.Input((250, 8))
+    x = layers.ZeroPadding1D(3)(inputs)
+    x = layers.Conv1D(32, 5, strides=2, padding="same", activation="elu")(x)
+    x = layers.Conv1D(64, 5, strides=2, padding="same", activation="elu")(x)
+    x = layers.Conv1DTranspose(32, 5, strides=2, padding="same", activation="elu")(x)
+    x = layers.Conv1DTranspose(8, 5, strides=2, padding="same")(x)
+    model = keras.Model(inputs, layers.Cropping1D(3)(x), name="upconv1d")
+    model.compile(loss="mse")
+    return model
+
+
+def mobilenet() -> keras.Model:
+    """MobileNet (v1) at width 0.5 on 128 x 128 inputs, 10 classes."""
+    return keras.applications.MobileNet(weights=None, alpha=0.5, input_shape=(128, 128, 3),
+                                        classes=10)
+
+
+def augmented() -> keras.Model:
+    """Augmentation inside the model (Rescaling, RandomFlip,
+    RandomTranslation), a convolution with BatchNormalization and ELU,
+    AveragePooling2D, GlobalMaxPooling2D, 10 classes."""
+    inputs = keras.Input((64, 64, 3))
+    x = layers.Rescaling(1 / 255)(inputs)
+    x = layers.RandomFlip("horizontal")(x)
+    x = layers.RandomTranslation(0.1, 0.1)(x)
+    x = layers.ELU()(layers.BatchNormalization()(layers.Conv2D(32, 3, padding="same")(x)))
+    x = layers.AveragePooling2D(2)(x)
+    x = layers.Conv2D(64, 3, padding="same", activation="relu")(x)
+    x = layers.GlobalMaxPooling2D()(x)
+    return keras.Model(inputs, layers.Dense(10)(x), name="augmented")
+
+
 ZOO = {f.__name__: f for f in (mlp, cnn, resnet50, mobilenetv2, vgg16, densenet121, lstm,
                                transformer)}
 HELD_OUT = {f.__name__: f for f in (unet, gru, vit, separable)}
@@ -545,6 +688,8 @@ NOVEL = {f.__name__: f for f in (wavenet, resnet50v2, inceptionv3, vae, gqa, reg
                                  convlstm)}
 UNTRIED = {f.__name__: f for f in (mixer, generator, video, siamese, efficientnetv2b0, resnext,
                                    crossattn, highway)}
+BLIND = {f.__name__: f for f in (deeplab, crnn, moe, selunet, additive, upconv1d, mobilenet,
+                                 augmented)}
 
 
 # --- large models, estimated without building their weights ------------------

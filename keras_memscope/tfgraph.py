@@ -812,6 +812,7 @@ def _backward_intermediates_peak(backward: list[Any], graph: Any,
     for op in backward:
         for t in op.inputs:
             readers[t.name] = readers.get(t.name, 0) + 1
+    together = _ready_together(backward)
     # one walk in order: each op's new buffers and the buffers freed after it
     size: list[int] = []  # by buffer
     modelled: set[int] = set()
@@ -838,6 +839,7 @@ def _backward_intermediates_peak(backward: list[Any], graph: Any,
                 handed_back = op.outputs[0].name in final
                 donor = next((t.name for t in op.inputs if t.name in buffer_of
                               and readers.get(t.name) == 1
+                              and (t.name, op.name) not in together
                               and not (handed_back and buffer_of[t.name] in held)
                               and size[buffer_of[t.name]] == _bytes(op.outputs[0])), None)
             for i, t in enumerate(op.outputs):
@@ -892,6 +894,28 @@ def _backward_intermediates_peak(backward: list[Any], graph: Any,
     if extra - sum(parts) > 0:
         parts.append(extra - sum(parts))
     return tuple(parts)
+
+
+def _ready_together(ops: list[Any]) -> set[tuple[str, str]]:
+    """``(tensor, reader)`` pairs of ``ops`` where another reader of the
+    tensor becomes ready with this one: the last input both wait for is that
+    tensor. TensorFlow's executor hands a result to all its readers at once
+    and runs the ready ones side by side (two inter-op threads here), so
+    neither finds itself the tensor's only reader and neither writes into
+    it: in an allocator trace of ``AdditiveAttention``'s gradient, the
+    incoming gradient tiled over the 64 features is read by the products for
+    the ``tanh`` and for the ``scale`` (64 MiB each at batch 64, 64 tokens),
+    and all three were alive together with the kept ``tanh``."""
+    made = {t.name: i for i, op in enumerate(ops) for t in op.outputs}
+    ready: dict[str, list[str]] = {}  # tensor -> readers that wait last for it
+    for i, op in enumerate(ops):
+        inputs = [t.name for t in op.inputs if t.name in made and made[t.name] < i]
+        if not inputs:
+            continue
+        last = max(made[n] for n in inputs)
+        for n in {n for n in inputs if made[n] == last}:
+            ready.setdefault(n, []).append(op.name)
+    return {(t, r) for t, rs in ready.items() if len(rs) > 1 for r in rs}
 
 
 def _only_known_saves(prims: list[Prim]) -> list[Prim]:
