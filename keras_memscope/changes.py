@@ -177,7 +177,7 @@ def apply(
     import keras
 
     from .remat import FAILS_IN_FIT_ON_TF, activation_blockers, blocked_note, parse_remat
-    from .transform import _check_rebuildable, _set_policy, check_policy, own_config
+    from .transform import _check_rebuildable, _set_policy, check_policy, from_own_config
 
     _check_rebuildable(model, "apply()")
     # every argument checked before the model is rebuilt
@@ -217,8 +217,7 @@ def apply(
         if dtype_policy is not None:
             keras.config.set_dtype_policy(dtype_policy)
         with scope:
-            with own_config():
-                new = type(model).from_config(config)
+            new = from_own_config(model, config, "apply()")
     finally:
         keras.config.set_dtype_policy(previous)
     new.set_weights(model.get_weights())

@@ -72,9 +72,10 @@ def rebuild(model: Any, *, dtype_policy: str | None = None, freeze: Freeze = Non
 
     from .graph import weightless
 
-    _check_rebuildable(model, " and ".join(
-        name for name, value in (("dtype_policy=", dtype_policy), ("freeze=", freeze))
-        if value is not None) or "rebuilding")
+    what = " and ".join(name for name, value in (("dtype_policy=", dtype_policy),
+                                                 ("freeze=", freeze))
+                        if value is not None) or "rebuilding"
+    _check_rebuildable(model, what)
     config = model.get_config()
     if dtype_policy is not None:
         check_policy(dtype_policy)
@@ -84,8 +85,7 @@ def rebuild(model: Any, *, dtype_policy: str | None = None, freeze: Freeze = Non
         try:
             if dtype_policy is not None:
                 keras.config.set_dtype_policy(dtype_policy)
-            with own_config():
-                clone = type(model).from_config(config)
+            clone = from_own_config(model, config, what)
         finally:
             keras.config.set_dtype_policy(previous)
     # what estimates read from a compiled model: its optimizer and loss
@@ -97,16 +97,58 @@ def rebuild(model: Any, *, dtype_policy: str | None = None, freeze: Freeze = Non
     return clone
 
 
-def own_config() -> Any:
-    """A scope for rebuilding a model from its own config in this process.
+def own_config(model: Any = None) -> Any:
+    """A scope for rebuilding ``model`` from its own config in this process.
     Keras' safe mode refuses Lambda layers with Python functions, guarding
     configs read from files; here the functions are the model's own, already
-    loaded, so rebuilding them runs no new code."""
+    loaded, so rebuilding them runs no new code. The classes of the model's
+    layers are named for the rebuild, so that a custom layer nobody
+    registered (``keras.saving.register_keras_serializable``) is found."""
+    import keras
+
+    stack = contextlib.ExitStack()
     try:
         from keras.src.saving.serialization_lib import SafeModeScope
     except ImportError:  # another Keras layout: keep its default
-        return contextlib.nullcontext()
-    return SafeModeScope(False)
+        pass
+    else:
+        stack.enter_context(SafeModeScope(False))
+    if model is not None:
+        stack.enter_context(keras.saving.custom_object_scope(_layer_classes(model)))
+    return stack
+
+
+def _layer_classes(model: Any) -> dict[str, type]:
+    """The classes of ``model`` and of every layer in it, by class name and
+    by the name Keras registers them under."""
+    import keras
+
+    found: dict[str, type] = {}
+    for layer in model._flatten_layers(include_self=True):
+        cls = type(layer)
+        found.setdefault(cls.__name__, cls)
+        try:
+            found.setdefault(keras.saving.get_registered_name(cls), cls)
+        except Exception:  # (a class Keras cannot name: its own name serves)
+            pass
+    return found
+
+
+def from_own_config(model: Any, config: dict[str, Any], what: str) -> Any:
+    """``type(model).from_config(config)`` inside :func:`own_config`, with a
+    clear error where Keras cannot rebuild a layer from its config."""
+    with own_config(model):
+        try:
+            return type(model).from_config(config)
+        except Exception as exc:
+            # Keras nests the config in its message; the cause is its last line
+            lines = [line for line in str(exc).splitlines() if line.strip()] or [""]
+            cause = lines[-1].removeprefix("Exception encountered: ")[:300]
+            raise ValueError(
+                f"{what} rebuilds the model from its config, and Keras could not: "
+                f"{cause}. A custom layer needs a get_config() that returns its "
+                "__init__ arguments; or build the changed model yourself and estimate that"
+            ) from exc
 
 
 def _copy_trainable(src: Any, dst: Any) -> None:

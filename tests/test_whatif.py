@@ -383,6 +383,67 @@ def test_precision_whatif_and_apply_rebuild_a_lambda_layer():
     assert out.shape == (1, 2)
 
 
+class _Scaled(layers.Layer):
+    """A custom layer nobody registered with Keras, with an __init__ argument
+    its get_config() returns."""
+
+    def __init__(self, factor: float = 2.0, **kwargs):
+        super().__init__(**kwargs)
+        self.factor = factor
+
+    def build(self, input_shape):
+        self.w = self.add_weight(shape=(input_shape[-1],), initializer="ones")
+
+    def call(self, x):
+        return x * self.w * self.factor
+
+    def get_config(self):
+        return {**super().get_config(), "factor": self.factor}
+
+
+class _Unconfigured(_Scaled):
+    """The same without the argument in its config: Keras cannot rebuild it."""
+
+    def __init__(self, factor: float, **kwargs):
+        super().__init__(factor, **kwargs)
+
+    def get_config(self):
+        return layers.Layer.get_config(self)
+
+
+def _with(layer_class) -> keras.Model:
+    x = keras.Input((16,))
+    h = layer_class(3.0)(layers.Dense(32)(x))
+    return keras.Model(x, layers.Dense(2)(h))
+
+
+def test_rebuilding_finds_the_models_own_unregistered_layers():
+    """Keras rebuilds a layer from its config by its registered name; the
+    user's own classes, already in the model, are named for it."""
+    model = _with(_Scaled)
+    est = memscope.whatif(model, 8, dtype_policy="mixed_bfloat16", freeze=["dense"],
+                          optimizer="sgd", device="cpu")
+    assert est.dtype_policy == "mixed_bfloat16" and est.trainable_params < est.params
+    new = memscope.apply(model, dtype_policy="mixed_bfloat16", optimizer="sgd", loss="mse")
+    scaled = [layer for layer in new.layers if isinstance(layer, _Scaled)]
+    assert len(scaled) == 1 and scaled[0].factor == 3.0
+    assert scaled[0].compute_dtype == "bfloat16"
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(scaled[0].w), np.ones(32))
+    new.train_on_batch(np.ones((4, 16), "float32"), np.zeros((4, 2), "float32"))
+
+
+@pytest.mark.parametrize("call, what", [
+    (lambda m: memscope.whatif(m, 8, dtype_policy="mixed_bfloat16", device="cpu"),
+     "dtype_policy="),
+    (lambda m: memscope.apply(m, optimizer="sgd"), "apply()"),
+])
+def test_a_layer_keras_cannot_rebuild_is_named_with_the_fix(call, what):
+    with pytest.raises(ValueError, match="get_config") as info:
+        call(_with(_Unconfigured))
+    assert str(info.value).startswith(what)
+    assert "factor" in str(info.value)
+
+
 @pytest.mark.parametrize("call, name", [
     (lambda m: memscope.whatif(m, 8, optimzer="sgd", device="cpu"), "whatif"),
     (lambda m: memscope.fits(m, 8, device="cpu", memory_bytes=2**30, bogus=1), "fits"),
