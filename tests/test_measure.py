@@ -914,11 +914,20 @@ def test_independent_towers_run_side_by_side():
     two towers of a shared encoder on its two threads, so the profiled step
     makes both towers' convolution outputs (16.5 MiB each) before either
     tower's pooling. The estimate's forward pass makes them in the same
-    order (it ran one tower after the other before)."""
-    events = _profiled_allocations(TOWERS)
-    forward = [op for op, n in events if n >= (1 << 20) and not op.startswith("gradient_tape")]
-    assert forward[:2] and all("Relu" in op for op in forward[:2]), forward
-    assert "MaxPool" in forward[2], forward
+    order (it ran one tower after the other before). A step that ran one
+    tower after the other was seen in one of nine processes here: the order
+    is looked for in up to three processes."""
+    seen = []
+    for _ in range(3):
+        events = _profiled_allocations(TOWERS)
+        forward = [op for op, n in events
+                   if n >= (1 << 20) and not op.startswith("gradient_tape")]
+        seen.append(forward[:3])
+        if (len(forward) > 2 and all("Relu" in op for op in forward[:2])
+                and "MaxPool" in forward[2]):
+            break
+    else:
+        raise AssertionError(f"no process ran the towers side by side: {seen}")
     model = _model_of(TOWERS)
     est = memscope.estimate(model, 64, optimizer="sgd", device="cpu", method="graph")
     forward = [(p.layer, p.event) for p in est.timeline if p.phase == "forward"]
