@@ -97,6 +97,7 @@ def rebuild(model: Any, *, dtype_policy: str | None = None, freeze: Freeze = Non
     return clone
 
 
+@contextlib.contextmanager
 def own_config(model: Any = None) -> Any:
     """A scope for rebuilding ``model`` from its own config in this process.
     Keras' safe mode refuses Lambda layers with Python functions, guarding
@@ -106,16 +107,16 @@ def own_config(model: Any = None) -> Any:
     registered (``keras.saving.register_keras_serializable``) is found."""
     import keras
 
-    stack = contextlib.ExitStack()
-    try:
-        from keras.src.saving.serialization_lib import SafeModeScope
-    except ImportError:  # another Keras layout: keep its default
-        pass
-    else:
-        stack.enter_context(SafeModeScope(False))
-    if model is not None:
-        stack.enter_context(keras.saving.custom_object_scope(_layer_classes(model)))
-    return stack
+    with contextlib.ExitStack() as stack:
+        try:
+            from keras.src.saving.serialization_lib import SafeModeScope
+        except ImportError:  # another Keras layout: keep its default
+            pass
+        else:
+            stack.enter_context(SafeModeScope(False))
+        if model is not None:
+            stack.enter_context(keras.saving.custom_object_scope(_layer_classes(model)))
+        yield
 
 
 def _layer_classes(model: Any) -> dict[str, type]:
