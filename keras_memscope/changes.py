@@ -209,17 +209,11 @@ def apply(
     config = model.get_config()
     if dtype_policy is not None:
         config = _set_policy(config, dtype_policy)
-    previous = keras.config.dtype_policy()
     scope = (keras.RematScope(mode=spec.mode, output_size_threshold=spec.output_size_threshold,
                               layer_names=list(spec.layer_names))
              if spec is not None else contextlib.nullcontext())
-    try:
-        if dtype_policy is not None:
-            keras.config.set_dtype_policy(dtype_policy)
-        with scope:
-            new = from_own_config(model, config, "apply()")
-    finally:
-        keras.config.set_dtype_policy(previous)
+    with scope:
+        new = from_own_config(model, config, "apply()", dtype_policy)
     new.set_weights(model.get_weights())
     for layer in _chosen(new, freeze):
         layer.trainable = False

@@ -71,9 +71,8 @@ def synthetic_tensor(shape: Any, dtype: str, *, zeros: bool = False) -> Any:
 
     Floating tensors are ones (``zeros=True`` for zeros), all others (integer,
     boolean, string) zeros: the memory a step takes does not depend on the
-    values. Made
-    by ``tf.ones`` / ``tf.zeros`` (one ``Fill``), as a batch made by a
-    dataset is one tensor. Not ``tf.constant`` of a NumPy array: such a
+    values. Made by ``tf.ones`` / ``tf.zeros`` (one ``Fill``), as a batch made
+    by a dataset is one tensor. Not ``tf.constant`` of a NumPy array: such a
     constant sometimes keeps the array's own buffer instead of copying it
     (about one array in six here, by where NumPy put it), and the allocator
     never sees the batch. Not ``tf.random``: its temporaries (2.1 MiB beside

@@ -68,8 +68,6 @@ def check_policy(dtype_policy: Any) -> None:
 
 def rebuild(model: Any, *, dtype_policy: str | None = None, freeze: Freeze = None) -> Any:
     """A weightless copy of ``model`` with a dtype policy and/or frozen layers."""
-    import keras
-
     from .graph import weightless
 
     what = " and ".join(name for name, value in (("dtype_policy=", dtype_policy),
@@ -80,14 +78,8 @@ def rebuild(model: Any, *, dtype_policy: str | None = None, freeze: Freeze = Non
     if dtype_policy is not None:
         check_policy(dtype_policy)
         config = _set_policy(copy.deepcopy(config), dtype_policy)
-    previous = keras.config.dtype_policy()
     with weightless():
-        try:
-            if dtype_policy is not None:
-                keras.config.set_dtype_policy(dtype_policy)
-            clone = from_own_config(model, config, what)
-        finally:
-            keras.config.set_dtype_policy(previous)
+        clone = from_own_config(model, config, what, dtype_policy)
     # what estimates read from a compiled model: its optimizer and loss
     clone.optimizer = getattr(model, "optimizer", None)
     clone.loss = getattr(model, "loss", None)
@@ -135,11 +127,18 @@ def _layer_classes(model: Any) -> dict[str, type]:
     return found
 
 
-def from_own_config(model: Any, config: dict[str, Any], what: str) -> Any:
-    """``type(model).from_config(config)`` inside :func:`own_config`, with a
-    clear error where Keras cannot rebuild a layer from its config."""
+def from_own_config(model: Any, config: dict[str, Any], what: str,
+                    dtype_policy: str | None = None) -> Any:
+    """``type(model).from_config(config)`` inside :func:`own_config` and, when
+    given, under ``dtype_policy`` as the global policy (restored after), with
+    a clear error where Keras cannot rebuild a layer from its config."""
+    import keras
+
+    previous = keras.config.dtype_policy()
     with own_config(model):
         try:
+            if dtype_policy is not None:
+                keras.config.set_dtype_policy(dtype_policy)
             return type(model).from_config(config)
         except Exception as exc:
             # Keras nests the config in its message; the cause is its last line
@@ -150,6 +149,8 @@ def from_own_config(model: Any, config: dict[str, Any], what: str) -> Any:
                 f"{cause}. A custom layer needs a get_config() that returns its "
                 "__init__ arguments; or build the changed model yourself and estimate that"
             ) from exc
+        finally:
+            keras.config.set_dtype_policy(previous)
 
 
 def _copy_trainable(src: Any, dst: Any) -> None:
