@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import xla
@@ -181,6 +181,39 @@ def _einsum_gradient_workspaces(op: Any, backward: list[Any]) -> dict[int, int]:
                     [tuple(int(d) for d in x.shape) for x in b.inputs], b.outputs[0].dtype.size)
                 break
     return out
+
+
+def _broadcast_gradients(op: Any) -> dict[int, int]:
+    """For a batched matrix product that broadcasts an operand over batch
+    dimensions (``x @ W`` with x of shape ``(b, t, k)`` and W ``(k, n)``),
+    the bytes of that operand's gradient at the full batch, by operand
+    position: TensorFlow's gradient computes the product for every batch
+    element, ``(b, k, n)``, and sums it down to the operand's shape (a
+    mixture of experts' ``btd,edh->bteh`` at batch 32: a 4 MiB product for
+    a 128 KiB kernel, allocator trace)."""
+    if op.type not in ("BatchMatMulV2", "BatchMatMulV3") or len(op.inputs) != 2:
+        return {}
+    try:
+        out = [int(d) for d in op.outputs[0].shape]
+        shapes = [[int(d) for d in t.shape] for t in op.inputs]
+    except (TypeError, ValueError):
+        return {}
+    batch = out[:-2]
+    found = {}
+    for i, shape in enumerate(shapes):
+        own = [1] * (len(batch) - len(shape[:-2])) + shape[:-2]
+        if len(own) == len(batch) and own != batch:
+            found[i] = math.prod(batch) * shape[-2] * shape[-1] * op.inputs[i].dtype.size
+    return found
+
+
+def _reduced_products(backward: Sequence[Any]) -> set[str]:
+    """Gradient products of a broadcasting matrix product, summed down to
+    their operand's shape: ``_broadcast_gradients`` sizes them."""
+    return {op.outputs[0].name for op in backward
+            if op.type in ("BatchMatMulV2", "BatchMatMulV3") and op.outputs
+            and op.outputs[0].consumers()
+            and all(c.type == "Sum" for c in op.outputs[0].consumers())}
 
 
 def _gemm_min_dim(op: Any) -> int:
@@ -476,6 +509,7 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
     in_activation: set[str] = set()  # hoisted ops that read the activation's tensors
     hoisted_reads = {t.name for op in forward if op.name in hoisted for t in op.inputs}
     early: list[int] = []  # the hoisted ops' prims
+    prim_ops: list[Any] = []  # the op of each prim made here
     for op in forward:
         if op.type in FREE_OPS or op.type == "ReadVariableOp" or not op.outputs:
             continue
@@ -554,6 +588,10 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
                 r = ref.get(op.inputs[i].name)
                 if r is not None and nbytes:
                     workspace_for[r] = workspace_for.get(r, 0) + nbytes
+        for i, nbytes in _broadcast_gradients(op).items():
+            r = ref.get(op.inputs[i].name)
+            if r is not None:
+                workspace_for[r] = workspace_for.get(r, 0) + nbytes
         # a function Keras has XLA compile (a grouped convolution on the CPU)
         # runs with one temporary buffer of its own
         if xla_buffers:
@@ -600,8 +638,11 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
                                   or op.name in in_activation) else "",
             **upcast,
         ))
+        prim_ops.append(op)
         if op.name in hoisted:
             early.append(len(prims) - 1)
+    owner = _gradient_op_owners(forward, hoisted)
+    _keep_for_readers(prims, prim_ops, ref, _gradient_owners(backward, saved, owner))
     _hold_early_results(prims, early)
     # outputs the graph returns without an op of their own (a call returning
     # its input): views
@@ -616,12 +657,14 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             prims.append(prim("view", ["in0"] if call.inputs else [],
                               [(f"out{i}", call.outputs[i].nbytes)], alias=bool(call.inputs)))
     # the gradient ops' own intermediates, alive together at their highest
-    parts = _backward_intermediates_peak(backward, graph, xla_buffers, upstream)
+    internal = _internal_gradients(backward, owner)
+    parts = _backward_intermediates_peak(backward, graph, xla_buffers, upstream,
+                                         internal=internal)
     # where the schedule finds the layer's inputs held by nobody else, the
     # gradient ops may write into them
     taken: set[str] = set()
     parts_if_free = _backward_intermediates_peak(backward, graph, xla_buffers, upstream,
-                                                 placeholders, taken)
+                                                 placeholders, taken, internal=internal)
     donors = tuple(ref[t.name] for t in placeholders if t.name in taken)
     if prims and (parts or donors):
         # where in the layer's gradient its intermediates peak, beside what,
@@ -676,6 +719,108 @@ def _signature_of(op: Any, inputs: list[str], outputs: list[tuple[str, int]],
         else:
             parts.append("x")
     return "|".join(parts)
+
+
+def _gradient_op_owners(forward: Sequence[Any], hoisted: set[str]
+                        ) -> Callable[[Any], Any]:
+    """A function from a gradient op to the forward op whose gradient
+    function made it (None where the names do not tell one op), from the
+    name scope TensorFlow's tape gives a gradient: ``gradient_tape/`` and the
+    forward op's name (``gradient_tape/.../Gelu/mul_3/Mul`` for
+    ``.../Gelu/mul_3``), or its name scope where the gradient's ops are named
+    in it (``gradient_tape/.../einsum_1/Einsum_1`` for
+    ``.../einsum_1/Einsum``, the one forward op of that scope)."""
+    own = [op for op in forward if op.name not in hoisted]
+    by_name = {op.name: op for op in own}
+    by_scope: dict[str, list[Any]] = {}
+    for op in own:
+        by_scope.setdefault(op.name.rpartition("/")[0], []).append(op)
+    prefix = "gradient_tape/"
+
+    def owner(op: Any) -> Any:
+        if not op.name.startswith(prefix):
+            return None
+        parts = op.name[len(prefix):].split("/")
+        for k in range(len(parts) - 1, 0, -1):
+            found = by_name.get("/".join(parts[:k]))
+            if found is not None:
+                return found
+        scoped = by_scope.get("/".join(parts[:-1]), [])
+        return scoped[0] if len(scoped) == 1 else None
+
+    return owner
+
+
+def _gradient_owners(backward: Sequence[Any], saved: set[str],
+                     owner: Callable[[Any], Any]) -> dict[str, set[str] | None]:
+    """For each tensor the gradient reads, the forward ops whose gradients
+    read it (None where some reader's forward op is not known)."""
+    owners: dict[str, set[str] | None] = {}
+    for op in backward:
+        if op.type in SHAPE_ONLY_OPS:
+            continue
+        for t in op.inputs:
+            if t.name not in saved:
+                continue
+            found = owner(op)
+            if found is None or owners.get(t.name, set()) is None:
+                owners[t.name] = None
+            else:
+                owners.setdefault(t.name, set()).add(found.name)
+    return owners
+
+
+def _internal_gradients(backward: Sequence[Any], owner: Callable[[Any], Any]) -> set[str]:
+    """The gradients of the layer's own forward tensors: a tensor a gradient
+    op reads that the gradient of another forward op made, with the shape of
+    an output of the gradient op's own forward op (the ``bted`` gradient the
+    second einsum of ``bteh,ehd->bted`` then ``bted,bte->btd`` hands the
+    first). The schedule allocates each as the gradient of a prim's input;
+    among the gradient ops' other intermediates it would be counted twice
+    (2 MiB over an allocator trace for that layer at batch 16)."""
+    owner_of = {op.name: owner(op) for op in backward}
+    made_by = {t.name: owner_of[op.name] for op in backward for t in op.outputs}
+    found: set[str] = set()
+    for op in backward:
+        mine = owner_of[op.name]
+        if mine is None:
+            continue
+        shapes = {tuple(t.shape) for t in mine.outputs if t.shape.is_fully_defined()}
+        for t in op.inputs:
+            other = made_by.get(t.name)
+            if other is not None and other is not mine and tuple(t.shape) in shapes:
+                found.add(t.name)
+    return found
+
+
+def _keep_for_readers(prims: list[Prim], prim_ops: Sequence[Any], ref: dict[str, str],
+                      owners: dict[str, set[str] | None]) -> None:
+    """Keep a tensor only with the prims whose gradients read it.
+
+    A forward tensor the gradient reads is saved by every prim that reads or
+    writes it; the schedule releases it after the last of their gradients.
+    TensorFlow frees it after its last reader: an einsum's output that only
+    the next einsum's gradient reads is freed once that gradient has run,
+    before the einsum's own (a mixture of experts' 1 MiB ``bteh,ehd->bted``
+    product, allocator trace). Where every reader's forward op is known and
+    itself a prim that reads or writes the tensor, the other prims do not
+    save it."""
+    local = [set(p.inputs) | {r for r, _ in p.outputs} for p in prims]
+    index = {op.name: i for i, op in enumerate(prim_ops)}
+    by_ref: dict[str, set[str] | None] = {}
+    for name, readers in owners.items():
+        r = ref.get(name)
+        if r is None:
+            continue
+        if readers is None or by_ref.get(r, set()) is None:
+            by_ref[r] = None
+            continue
+        ok = all(o in index and r in local[index[o]] for o in readers)
+        by_ref[r] = by_ref.get(r, set()) | readers if ok else None
+    for i, (p, op) in enumerate(zip(prims, prim_ops)):
+        save = tuple(r for r in p.save if by_ref.get(r) is None or op.name in by_ref[r])
+        if save != p.save:
+            prims[i] = Prim(**{**p.__dict__, "save": save})
 
 
 def _hold_early_results(prims: list[Prim], early: list[int]) -> None:
@@ -780,7 +925,8 @@ def _backward_intermediates_peak(backward: list[Any], graph: Any,
                                  xla_buffers: bool = True,
                                  upstream: Sequence[Any] = (),
                                  donors: Sequence[Any] = (),
-                                 taken: set[str] | None = None) -> tuple[int, ...]:
+                                 taken: set[str] | None = None,
+                                 internal: set[str] = frozenset()) -> tuple[int, ...]:
     """Bytes the gradient ops need beyond what the schedule holds for them, as
     the sizes of the allocations that make them up.
 
@@ -808,6 +954,8 @@ def _backward_intermediates_peak(backward: list[Any], graph: Any,
                 and any(o.name in final for o in op.outputs)):
             final.add(op.inputs[0].name)
     summed = {t.name for op in backward if op.type == "AddN" for t in op.inputs}
+    summed |= internal  # gradients of the layer's own tensors: the schedule's
+    summed |= _reduced_products(backward)  # the prims' workspace_for holds them
     readers: dict[str, int] = {}
     for op in backward:
         for t in op.inputs:
