@@ -677,6 +677,83 @@ def augmented() -> keras.Model:
     return keras.Model(inputs, layers.Dense(10)(x), name="augmented")
 
 
+class FiLM(layers.Layer):
+    """Feature-wise modulation: ``x * (1 + gamma) + beta``, the scale and shift
+    computed from a condition vector and broadcast over the positions."""
+
+    def call(self, inputs):
+        x, gamma, beta = inputs
+        return x * (1.0 + gamma[:, None, None, :]) + beta[:, None, None, :]
+
+
+def film() -> keras.Model:
+    """A convolutional net conditioned on a second input by FiLM: two
+    Conv2D blocks on 32 x 32 x 3 images, each modulated by Dense layers of a
+    16-feature condition, global pooling, 10 classes."""
+    image, cond = keras.Input((32, 32, 3)), keras.Input((16,))
+    x = image
+    for channels in (32, 64):
+        x = layers.Conv2D(channels, 3, padding="same")(x)
+        x = FiLM()([x, layers.Dense(channels)(cond), layers.Dense(channels)(cond)])
+        x = layers.ReLU()(x)
+    x = layers.GlobalAveragePooling2D()(x)
+    return keras.Model([image, cond], layers.Dense(10)(x), name="film")
+
+
+class LinearAttention(layers.Layer):
+    """Kernelized attention without the token-by-token matrix: ``elu + 1``
+    features of the queries and keys, ``keras.ops.matmul`` of the 3-D inputs
+    with 2-D kernels, ``phi(q) (phi(k)^T v)`` normalized by ``phi(q)
+    sum(phi(k))``."""
+
+    def build(self, input_shape):
+        d = input_shape[-1]
+        self.wq, self.wk, self.wv = (self.add_weight(shape=(d, d), name=n)
+                                     for n in ("wq", "wk", "wv"))
+
+    def call(self, x):
+        ops = keras.ops
+        q = ops.elu(ops.matmul(x, self.wq)) + 1.0
+        k = ops.elu(ops.matmul(x, self.wk)) + 1.0
+        v = ops.matmul(x, self.wv)
+        kv = ops.einsum("bnd,bne->bde", k, v)
+        norm = ops.einsum("bnd,bd->bn", q, ops.sum(k, axis=1))
+        return ops.einsum("bnd,bde->bne", q, kv) / (norm[..., None] + 1e-6)
+
+
+def linattn() -> keras.Model:
+    """Linear attention over 256 tokens of 64 features (a custom layer),
+    a residual sum, LayerNormalization, mean pooling, 5 classes."""
+    inputs = keras.Input((256, 64))
+    x = layers.LayerNormalization()(layers.Add()([inputs, LinearAttention()(inputs)]))
+    return keras.Model(inputs, layers.Dense(5)(layers.GlobalAveragePooling1D()(x)),
+                       name="linattn")
+
+
+def bow() -> keras.Model:
+    """A bag of words: a 50000 x 32 Embedding over 128 ids, mean pooling,
+    Dropout, a 64-unit ReLU layer, 4 classes."""
+    inputs = keras.Input((128,), dtype="int32")
+    x = layers.GlobalAveragePooling1D()(layers.Embedding(50000, 32)(inputs))
+    x = layers.Dense(64, activation="relu")(layers.Dropout(0.3)(x))
+    return keras.Model(inputs, layers.Dense(4)(x), name="bow")
+
+
+def convmixer() -> keras.Model:
+    """ConvMixer on 64 x 64 images: a stride-4 patch embedding of 128
+    channels, three blocks of a residual 5 x 5 depthwise convolution and a
+    pointwise one, each with GELU and BatchNormalization, 10 classes."""
+    inputs = keras.Input((64, 64, 3))
+    x = layers.BatchNormalization()(layers.Activation("gelu")(
+        layers.Conv2D(128, 4, strides=4)(inputs)))
+    for _ in range(3):
+        y = layers.DepthwiseConv2D(5, padding="same")(x)
+        x = layers.Add()([x, layers.BatchNormalization()(layers.Activation("gelu")(y))])
+        x = layers.BatchNormalization()(layers.Activation("gelu")(layers.Conv2D(128, 1)(x)))
+    x = layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, layers.Dense(10)(x), name="convmixer")
+
+
 ZOO = {f.__name__: f for f in (mlp, cnn, resnet50, mobilenetv2, vgg16, densenet121, lstm,
                                transformer)}
 HELD_OUT = {f.__name__: f for f in (unet, gru, vit, separable)}
@@ -690,6 +767,7 @@ UNTRIED = {f.__name__: f for f in (mixer, generator, video, siamese, efficientne
                                    crossattn, highway)}
 BLIND = {f.__name__: f for f in (deeplab, crnn, moe, selunet, additive, upconv1d, mobilenet,
                                  augmented)}
+UNMET = {f.__name__: f for f in (film, linattn, bow, convmixer)}
 
 
 # --- large models, estimated without building their weights ------------------
