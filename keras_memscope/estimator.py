@@ -701,14 +701,22 @@ def _initializer_temporaries(model: Any) -> dict[int, int]:
     for layer in layers:
         own = list(getattr(layer, "_trainable_variables", ())) + list(
             getattr(layer, "_non_trainable_variables", ()))
-        for v in own:
-            name = str(getattr(v, "name", "")).split("/")[-1]
-            init = None
+        names = [str(getattr(v, "name", "")).split("/")[-1] for v in own]
+        attrs = [a for a in getattr(layer, "__dict__", {}) if a.endswith("_initializer")]
+        named = {}
+        for v, name in zip(own, names):
             for attr in (f"{name}_initializer",
                          f"{name.removesuffix('_kernel')}_initializer"):
-                init = getattr(layer, attr, None)
-                if init is not None:
+                if getattr(layer, attr, None) is not None:
+                    named[id(v)] = attr
                     break
+        # a variable named otherwise than its initializer (DepthwiseConv2D's
+        # ``kernel`` from ``depthwise_initializer``): the one initializer
+        # no other variable of the layer is named for
+        unclaimed = [a for a in attrs if a not in named.values()]
+        for v in own:
+            attr = named.get(id(v)) or (unclaimed[0] if len(unclaimed) == 1 else None)
+            init = getattr(layer, attr, None) if attr else None
             found[id(v)] = 2 if isinstance(init, RandomInitializer) else 0
     return found
 

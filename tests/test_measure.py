@@ -451,9 +451,10 @@ def test_a_tensor_lives_until_its_last_gradient_reader():
     einsum hands the first (``bted``, 2 MiB) is the schedule's allocation
     and no longer also a gradient intermediate (``tfgraph._internal_gradients``).
     The step's most requested bytes alive in a profiled step against the
-    estimate's tensors at its peak (activations, gradients, workspace): within
-    10%, the spread of three processes here (6.4-7.1 MiB); the estimate was
-    10.8 MiB with both faults, 8.8 with the second."""
+    estimate's tensors at its peak (activations, gradients, workspace), the
+    higher of two processes: within 10%, the spread of three processes here
+    (6.4-7.1 MiB); the estimate was 10.8 MiB with both faults, 8.8 with the
+    second."""
     from keras_memscope.graph import trace_model
     from keras_memscope.tfgraph import traced_prims
 
@@ -465,7 +466,7 @@ def test_a_tensor_lives_until_its_last_gradient_reader():
     est = memscope.estimate(model, 16, device="cpu")
     step = est.activations_bytes + est.gradients_bytes + est.workspace_bytes
     most = max(_in_fresh_process(PROFILED_PEAK.format(model=CHAINED_EINSUMS))[0]
-               for _ in range(3))
+               for _ in range(2))
     assert abs(step / most - 1) <= 0.10, (step, most)
 
 
@@ -504,6 +505,39 @@ def test_a_broadcast_matmul_gradient_is_made_for_every_batch_element():
     est = memscope.estimate(model, 32, optimizer="sgd", device="cpu")
     experts = next(r for r in est.layers if r.class_name == "Experts")
     assert experts.workspace_bytes >= size, experts
+
+
+DEPTHWISE_INIT = r"""
+import glob, json, tempfile
+import keras, tensorflow as tf
+from keras_memscope.measure import _xspace_events
+logdir = tempfile.mkdtemp()
+tf.profiler.experimental.start(logdir)
+layer = keras.layers.DepthwiseConv2D(5)
+layer.build((None, 16, 16, 128))
+tf.profiler.experimental.stop()
+path = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)[0]
+print(json.dumps([s.get("tf_op") for _, s in _xspace_events(path, ("MemoryAllocation",))
+                  if str(s.get("allocator_name", "")).startswith("bfc_cpu")
+                  and s.get("requested_bytes") == 5 * 5 * 128 * 4]))
+"""
+
+
+def test_depthwise_kernel_initializer_draws():
+    """DepthwiseConv2D names its kernel ``kernel`` and its initializer
+    ``depthwise_initializer``: building it draws the kernel's random values
+    and scales them before the value it keeps, three allocations of the
+    kernel's size (a fresh process's allocator), which the estimate's
+    persistent allocations now make too (ConvMixer -14.1% -> -9.5%; before,
+    the lookup by name found no initializer and made none)."""
+    from keras_memscope.estimator import _initializer_temporaries
+
+    ops = _in_fresh_process(DEPTHWISE_INIT)
+    assert len(ops) == 3, ops
+    model = keras.Sequential([keras.Input((16, 16, 128)), keras.layers.DepthwiseConv2D(5)])
+    kernel, bias = model.layers[0].weights
+    found = _initializer_temporaries(model)
+    assert found[id(kernel)] == len(ops) - 1 and found[id(bias)] == 0
 
 
 def test_convolution_at_batch_one_against_measurement():
