@@ -207,13 +207,19 @@ def _broadcast_gradients(op: Any) -> dict[int, int]:
     return found
 
 
-def _reduced_products(backward: Sequence[Any]) -> set[str]:
+def _reduced_products(backward: Sequence[Any], owner: Callable[[Any], Any]) -> set[str]:
     """Gradient products of a broadcasting matrix product, summed down to
-    their operand's shape: ``_broadcast_gradients`` sizes them."""
-    return {op.outputs[0].name for op in backward
-            if op.type in ("BatchMatMulV2", "BatchMatMulV3") and op.outputs
-            and op.outputs[0].consumers()
-            and all(c.type == "Sum" for c in op.outputs[0].consumers())}
+    their operand's shape: the forward prim's ``workspace_for`` holds them
+    (``_broadcast_gradients``)."""
+    found = set()
+    for op in backward:
+        if (op.type in ("BatchMatMulV2", "BatchMatMulV3") and op.outputs
+                and op.outputs[0].consumers()
+                and all(c.type == "Sum" for c in op.outputs[0].consumers())):
+            forward = owner(op)
+            if forward is not None and _broadcast_gradients(forward):
+                found.add(op.outputs[0].name)
+    return found
 
 
 def _gemm_min_dim(op: Any) -> int:
@@ -657,14 +663,14 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             prims.append(prim("view", ["in0"] if call.inputs else [],
                               [(f"out{i}", call.outputs[i].nbytes)], alias=bool(call.inputs)))
     # the gradient ops' own intermediates, alive together at their highest
-    internal = _internal_gradients(backward, owner)
+    scheduled = _internal_gradients(backward, owner) | _reduced_products(backward, owner)
     parts = _backward_intermediates_peak(backward, graph, xla_buffers, upstream,
-                                         internal=internal)
+                                         scheduled=scheduled)
     # where the schedule finds the layer's inputs held by nobody else, the
     # gradient ops may write into them
     taken: set[str] = set()
     parts_if_free = _backward_intermediates_peak(backward, graph, xla_buffers, upstream,
-                                                 placeholders, taken, internal=internal)
+                                                 placeholders, taken, scheduled=scheduled)
     donors = tuple(ref[t.name] for t in placeholders if t.name in taken)
     if prims and (parts or donors):
         # where in the layer's gradient its intermediates peak, beside what,
@@ -926,7 +932,7 @@ def _backward_intermediates_peak(backward: list[Any], graph: Any,
                                  upstream: Sequence[Any] = (),
                                  donors: Sequence[Any] = (),
                                  taken: set[str] | None = None,
-                                 internal: set[str] = frozenset()) -> tuple[int, ...]:
+                                 scheduled: set[str] = frozenset()) -> tuple[int, ...]:
     """Bytes the gradient ops need beyond what the schedule holds for them, as
     the sizes of the allocations that make them up.
 
@@ -945,7 +951,9 @@ def _backward_intermediates_peak(backward: list[Any], graph: Any,
     layer's inputs) are buffers of that kind too, for where nothing outside
     the layer holds them: the names of those an op writes into go to
     ``taken`` (BatchNormalization's ``x - mean`` in its gradient is written
-    into ``x`` when the convolution before it keeps only its own input)."""
+    into ``x`` when the convolution before it keeps only its own input).
+    ``scheduled`` names more tensors the schedule allocates itself, counted
+    with the gradients (``_internal_gradients``, ``_reduced_products``)."""
     # a result handed back as a view of another tensor (an Identity; Conv1D's
     # filter and input gradients, 4-D, reshaped to 3-D) is that tensor's buffer
     final = {t.name for t in graph.outputs}
@@ -954,8 +962,7 @@ def _backward_intermediates_peak(backward: list[Any], graph: Any,
                 and any(o.name in final for o in op.outputs)):
             final.add(op.inputs[0].name)
     summed = {t.name for op in backward if op.type == "AddN" for t in op.inputs}
-    summed |= internal  # gradients of the layer's own tensors: the schedule's
-    summed |= _reduced_products(backward)  # the prims' workspace_for holds them
+    summed |= scheduled  # tensors the schedule allocates itself
     readers: dict[str, int] = {}
     for op in backward:
         for t in op.inputs:
