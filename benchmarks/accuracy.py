@@ -3,8 +3,8 @@
 Each configuration is measured in fresh processes with the BFC allocator on
 (``keras_memscope.measure``; method in the module docstring), ``--processes``
 times, and the band of per-process maxima is recorded. Measurements are cached
-in ``benchmarks/results/measured_cpu.json`` (with the TensorFlow and Keras
-versions and the machine: ``benchmarks.machine``) and re-used on the same
+in ``benchmarks/results/measured_cpu-<kind of machine>.json`` (with the
+TensorFlow and Keras versions and the machine: ``benchmarks.machine``) and re-used on the same
 versions and machine unless ``--remeasure``; estimates are always recomputed.
 
     python -m benchmarks.accuracy                 # the zoo
@@ -38,7 +38,7 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 RESULTS = Path(__file__).parent / "results"
-CACHE = RESULTS / "measured_cpu.json"
+CACHE_STEM = "measured_cpu"
 
 # (model, batch, optimizer)
 CONFIGS = [
@@ -109,8 +109,12 @@ def _key(model: str, batch: int, opt: str) -> str:
 
 
 def load_cache() -> dict:
-    if CACHE.exists():
-        return json.loads(CACHE.read_text())
+    """This kind of machine's measurements (``benchmarks.machine.cache_file``)."""
+    from benchmarks import machine
+
+    cache = machine.cache_file(CACHE_STEM)
+    if cache.exists():
+        return json.loads(cache.read_text())
     return {}
 
 
@@ -210,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
             cache[key] = {**measure_config(model, batch, opt, args.processes),
                           "versions": versions, "machine": here}
             RESULTS.mkdir(exist_ok=True)
-            CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True))
+            machine.cache_file(CACHE_STEM, here).write_text(
+                json.dumps(cache, indent=1, sort_keys=True))
         runs = cache[key]["runs"]
         maxima = [max(r["step_peak_bytes"]) for r in runs]
         spread = max((max(r["step_peak_bytes"]) - min(r["step_peak_bytes"]))

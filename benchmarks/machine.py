@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+RESULTS = Path(__file__).parent / "results"
+
 
 def facts() -> dict:
     """This machine's CPU model, L2 cache bytes per core, CPU threads, and
@@ -36,3 +38,17 @@ def describe(machine: dict) -> str:
     return (f"{machine['cpu']}, L2 {machine['l2_bytes'] // 1024} KiB per core, "
             f"{machine['threads']} threads, "
             f"{'oneDNN' if machine.get('onednn') else 'TensorFlow'}'s kernels")
+
+
+def tag(machine: dict) -> str:
+    """A file-name tag for the kind of machine: its kernels, L2 and threads
+    (``onednn-l2-1024k-2t``)."""
+    kernels = "onednn" if machine.get("onednn") else "tf"
+    return f"{kernels}-l2-{machine['l2_bytes'] // 1024}k-{machine['threads']}t"
+
+
+def cache_file(stem: str, machine: dict | None = None) -> Path:
+    """The measurement cache ``stem`` for this kind of machine (or
+    ``machine``): one file per kind, so that measuring on one kind keeps
+    another's (``benchmarks/results/measured_cpu-onednn-l2-1024k-2t.json``)."""
+    return RESULTS / f"{stem}-{tag(machine or facts())}.json"

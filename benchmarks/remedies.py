@@ -2,8 +2,8 @@
 
 For each model, the baseline training step and the step with one remedy are
 measured (fresh processes, BFC allocator, the highest of the processes'
-maxima, 3 or ``--processes``; cached with the machine they were taken on,
-``benchmarks.machine``, and measured again on another) and estimated
+maxima, 3 or ``--processes``; cached with the machine they were taken on, one file per kind of
+machine: ``benchmarks.machine.cache_file``) and estimated
 (``memscope.whatif``). The saving
 is baseline minus remedy; the error is (predicted saving - measured saving)
 / measured saving. The range "between processes" is the saving any pair of
@@ -21,13 +21,12 @@ import json
 import os
 import statistics
 import sys
-from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
 
-CACHE = Path(__file__).parent / "results" / "measured_remedies.json"
+CACHE_STEM = "measured_remedies"
 
 # model, batch, remedy name, whatif arguments
 CASES = [
@@ -103,6 +102,7 @@ def _spec(name: str, batch: int, change: dict) -> dict:
 def measured(spec: dict, cache: dict, here: dict, processes: int = 3) -> list[int]:
     """The per-process maxima of the configuration's training steps, taken on
     the machine ``here`` (``benchmarks.machine.facts``)."""
+    from benchmarks import machine
     from keras_memscope.measure import measure_subprocess
 
     key = json.dumps(spec, sort_keys=True)
@@ -112,8 +112,9 @@ def measured(spec: dict, cache: dict, here: dict, processes: int = 3) -> list[in
     # (more processes than the cache holds: the missing ones are measured)
     while len(entry["maxima"]) < processes:
         entry["maxima"].append(max(measure_subprocess(spec)["step_peak_bytes"]))
-        CACHE.parent.mkdir(exist_ok=True)
-        CACHE.write_text(json.dumps(cache, indent=1))
+        path = machine.cache_file(CACHE_STEM, here)
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(cache, indent=1))
     return entry["maxima"]
 
 
@@ -132,9 +133,10 @@ def main(argv: list[str] | None = None) -> int:
                              "(HELD_OUT_CASES)")
     options = parser.parse_args(argv)
 
-    cache = json.loads(CACHE.read_text()) if CACHE.exists() else {}
-    mib = 2**20
     here = machine.facts()
+    path = machine.cache_file(CACHE_STEM, here)
+    cache = json.loads(path.read_text()) if path.exists() else {}
+    mib = 2**20
     print(f"machine: {machine.describe(here)}\n", flush=True)
     methods = ("graph", "rules")
     print("| model | batch | remedy | processes | measured MiB (before -> after) "

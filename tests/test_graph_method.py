@@ -404,7 +404,11 @@ def test_conv_lstm_has_a_rule_and_against_measurement():
     an LSTM's seven state-sized tensors per step, here per position of the
     output map (8 frames of 32 x 32 x 16 at batch 8: 28 MiB). Without the
     rule the cell was estimated as an unknown layer (6.0 MiB against 32.9-34.9
-    measured in three processes; 36.2 now). The highest of two processes."""
+    measured in three processes with oneDNN's kernels; 36.2 with the rule).
+    With TensorFlow's own kernels each step's filter gradients make column
+    buffers, two of 27 MiB alive together (allocator traces: 88-98 MiB in use
+    at the peak; the estimate was 37.9 MiB before it had them). The highest
+    of two processes."""
     from benchmarks import zoo
 
     with warnings.catch_warnings():
@@ -416,6 +420,46 @@ def test_conv_lstm_has_a_rule_and_against_measurement():
     measured = max(memscope.measure(zoo.convlstm(), 8, optimizer="rmsprop", steps=4,
                                     device="cpu").peak_bytes for _ in range(2))
     assert abs(est.peak_bytes / measured - 1) <= 0.15, (est.peak_bytes, measured)
+
+
+def test_conv_lstm_step_gradient_column_buffers(monkeypatch):
+    """With TensorFlow's own kernels a ConvLSTM step's gradient holds as many
+    filter-gradient column buffers at once as the CPU has threads, the
+    largest first (the state convolutions'), each its own allocation; with
+    oneDNN's kernels none."""
+    from benchmarks import zoo
+    from keras_memscope import devices
+    from keras_memscope.rules.conv import col_buffers
+
+    def workspace(onednn: bool, threads: int) -> int:
+        monkeypatch.setattr(devices, "cpu_uses_onednn", lambda: onednn)
+        monkeypatch.setattr(devices, "cpu_cache_facts", lambda: (512 * 1024, threads))
+        est = memscope.estimate(zoo.convlstm(), 8, optimizer="rmsprop", device="cpu",
+                                method="rules")
+        return est.layers[0].workspace_bytes
+
+    monkeypatch.setattr(devices, "cpu_uses_onednn", lambda: False)
+    state, _ = col_buffers((8, 32, 32, 16), (3, 3, 16, 16))
+    assert state == 48 * 1024 * 144 * 4  # ceil(30 MiB / 4 / 166144) images
+    two, one, none = workspace(False, 2), workspace(False, 1), workspace(True, 2)
+    assert two - one == state and one - none == state
+
+
+def test_input_gradient_buffer_against_tensorflows_fixed_cache_size(monkeypatch):
+    """TensorFlow's CPU input-gradient kernel contracts one image at a time
+    (a one-image column buffer) when a thread's share of one image's work
+    reaches a fixed 256 KiB, whatever the machine's L2: at 2 threads the 32 x
+    32 x 16 -> 16 convolution's 166144 elements (83072 a thread, over 65536)
+    take one image's buffer, at 4 threads (41536) a 48-image shard."""
+    from keras_memscope import devices
+    from keras_memscope.rules.conv import col_buffers
+
+    monkeypatch.setattr(devices, "cpu_uses_onednn", lambda: False)
+    for l2 in (512 * 1024, 1024 * 1024):
+        monkeypatch.setattr(devices, "cpu_cache_facts", lambda l2=l2: (l2, 2))
+        assert col_buffers((8, 32, 32, 16), (3, 3, 16, 16))[1] == 1024 * 144 * 4
+    monkeypatch.setattr(devices, "cpu_cache_facts", lambda: (512 * 1024, 4))
+    assert col_buffers((8, 32, 32, 16), (3, 3, 16, 16))[1] == 48 * 1024 * 144 * 4
 
 
 def test_loss_graph_read_off_tensorflow():

@@ -46,6 +46,10 @@ def depthwise_macs(call: CallRecord, out_shape: tuple[int, ...]) -> int:
 #: TensorFlow's CPU convolution-gradient kernels size their im2col buffer to
 #: fill a 30 MiB "L3 cache" working set (conv_grad_{filter,input}_ops.cc).
 _TARGET_WORKING_SET_BYTES = 30 << 20
+#: ... and the input gradient's kernel compares each thread's share of one
+#: image's work with a fixed 256 KiB "L2 cache" (``l2_cache_size = 256LL <<
+#: 10`` in conv_grad_input_ops.h), not with the machine's L2.
+_TF_L2_BYTES = 256 << 10
 
 
 def conv_backward_workspace(call: CallRecord, itemsize: int = 4) -> tuple[int, int]:
@@ -65,8 +69,11 @@ def col_buffers(out_shape: tuple[int, ...], kernel_shape: tuple[int, ...],
     out_h*out_w and ``filter_total`` is k_h*k_w*in. With ``work`` the elements
     of the three matrices of one image's matmul, ``shard = ceil(30 MiB /
     itemsize / work)``; the input gradient uses ``shard = 1`` (one parallel
-    contraction) when the batch is 1 or ``work / threads`` reaches the L2
-    cache. The filter gradient's buffer is the full shard at any batch, 1
+    contraction) when the batch is 1 or ``work / threads`` reaches TensorFlow's
+    fixed 256 KiB "L2 cache" (an allocator trace of a ConvLSTM2D's 32 x 32
+    x 16 recurrent convolution at batch 8 on a CPU with 512 KiB of L2: no
+    input-gradient buffer beyond one image's, 166144 / 2 elements of work per
+    thread). The filter gradient's buffer is the full shard at any batch, 1
     included (allocator traces: [1112, 196, 27] for a 16 x 16 x 3 image at
     batch 1, [6, 4096, 288] for a 64 x 64 x 32 one at batches 1 and 2): it
     does not shrink with the batch. Where TensorFlow runs oneDNN's kernels
@@ -85,10 +92,10 @@ def col_buffers(out_shape: tuple[int, ...], kernel_shape: tuple[int, ...],
     out_depth = kernel_shape[-1]
     target = _TARGET_WORKING_SET_BYTES // itemsize
     work = image * filter_total + image * out_depth + filter_total * out_depth
-    l2_bytes, threads = cpu_cache_facts()
+    _, threads = cpu_cache_facts()
     full_shard = -(-target // work)
     filt = full_shard * image * filter_total
-    parallel = batch == 1 or work // max(threads, 1) >= l2_bytes // itemsize
+    parallel = batch == 1 or work // max(threads, 1) >= _TF_L2_BYTES // itemsize
     inp = (1 if parallel else full_shard) * image * filter_total
     return filt * itemsize, inp * itemsize
 

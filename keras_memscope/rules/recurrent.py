@@ -83,15 +83,50 @@ def conv_lstm(call: CallRecord) -> list[Prim]:
     batch, steps = x.shape[0], x.shape[1]
     return _loop(call, steps, channels * spatial_in, filters * positions, 4, 7,
                  macs=steps * batch * positions * 4 * filters * (channels + filters) * taps,
-                 kernel_elements=max(channels, filters) * taps * 4 * filters)
+                 kernel_elements=max(channels, filters) * taps * 4 * filters,
+                 column_buffers=_cell_column_buffers(layer, batch, out_map, channels, filters,
+                                                     first, x.nbytes // max(math.prod(x.shape), 1)))
+
+
+def _cell_column_buffers(layer: object, batch: int, out_map: tuple[int, ...], channels: int,
+                         filters: int, channels_first: bool, itemsize: int) -> tuple[int, ...]:
+    """The column buffers a ConvLSTM step's gradient makes, largest first,
+    as many as run at once: one per CPU thread.
+
+    Keras' cell runs eight convolutions a step, one per gate of the input
+    (``kernel``, ``channels -> filters``) and of the previous state
+    (``recurrent_kernel``, ``filters -> filters``, "same" padding), each on
+    the output map. With TensorFlow's own kernels each filter gradient makes
+    an im2col buffer (:func:`~keras_memscope.rules.conv.col_buffers`), and so
+    does each state convolution's input gradient where it does not contract
+    in parallel. An allocator trace of ``benchmarks.zoo.convlstm`` at batch 8
+    (16 filters on 32 x 32, 4 input channels): every step's eight filter
+    gradients allocate 20.7 MiB (input) and 27.0 MiB (state) buffers, and at
+    the peak two state ones are alive together, on the two threads. With
+    oneDNN's kernels there are none: ()."""
+    from ..devices import cpu_cache_facts
+    from .conv import col_buffers
+
+    ksize = tuple(int(k) for k in layer.kernel_size)
+    fmt = "channels_first" if channels_first else "channels_last"
+    spatial = out_map[1:] if channels_first else out_map[:-1]
+    out = (batch, filters, *spatial) if channels_first else (batch, *spatial, filters)
+    filt_in, _ = col_buffers(out, (*ksize, channels, filters), fmt, itemsize)
+    filt_state, inp_state = col_buffers(out, (*ksize, filters, filters), fmt, itemsize)
+    buffers = sorted((b for b in (*(filt_in,) * 4, *(filt_state,) * 4, *(inp_state,) * 4) if b),
+                     reverse=True)
+    return tuple(buffers[:max(cpu_cache_facts()[1], 1)])
 
 
 def _loop(call: CallRecord, steps: int, features: int, units: int, gates: int,
-          per_step_state: int, macs: int, kernel_elements: int | None = None) -> list[Prim]:
+          per_step_state: int, macs: int, kernel_elements: int | None = None,
+          column_buffers: tuple[int, ...] = ()) -> list[Prim]:
     """A recurrent layer's loop over ``steps``: per step an input of
     ``features`` elements per sample, a state of ``units`` elements per
     sample, ``gates`` pre-activations of that size, and ``per_step_state``
-    state-sized tensors kept for the gradient."""
+    state-sized tensors kept for the gradient; ``column_buffers``: what a
+    step's convolution gradients allocate at once beside them, each its own
+    allocation."""
     b = Builder(call)
     x = call.inputs[0]
     batch = x.shape[0]
@@ -124,7 +159,9 @@ def _loop(call: CallRecord, steps: int, features: int, units: int, gates: int,
         # the gradient loop starts each timestep's input gradient from zeros,
         # and each step's zeros are freed as its gradient is written: the
         # two together hold one input's worth, counted as the input gradient
-        backward_workspace_bytes=kernel_bytes + step_bytes,
+        backward_workspace_bytes=kernel_bytes + step_bytes + sum(column_buffers),
+        backward_workspace_parts=((kernel_bytes + step_bytes, *column_buffers)
+                                  if column_buffers else ()),
         backlog_parts=_backlog_parts(call, steps),
     )
     # each timestep pushes its own small tensors, only read by the gradient
