@@ -4,8 +4,9 @@ Each configuration is measured in fresh processes with the BFC allocator on
 (``keras_memscope.measure``; method in the module docstring), ``--processes``
 times, and the band of per-process maxima is recorded. Measurements are cached
 in ``benchmarks/results/measured_cpu-<kind of machine>.json`` (with the
-TensorFlow and Keras versions and the machine: ``benchmarks.machine``) and re-used on the same
-versions and machine unless ``--remeasure``; estimates are always recomputed.
+TensorFlow and Keras versions and the machine: ``benchmarks.machine``) and
+re-used on the same versions and machine unless ``--remeasure``; estimates
+are always recomputed.
 
     python -m benchmarks.accuracy                 # the zoo
     python -m benchmarks.accuracy --held-out      # models nobody tuned for
@@ -37,7 +38,6 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-RESULTS = Path(__file__).parent / "results"
 CACHE_STEM = "measured_cpu"
 
 # (model, batch, optimizer)
@@ -106,16 +106,6 @@ OWN_LOSS = ("gru", "unet", "autoencoder", "twotower", "skipnet", "timedistribute
 
 def _key(model: str, batch: int, opt: str) -> str:
     return f"{model}/b{batch}/{opt}"
-
-
-def load_cache() -> dict:
-    """This kind of machine's measurements (``benchmarks.machine.cache_file``)."""
-    from benchmarks import machine
-
-    cache = machine.cache_file(CACHE_STEM)
-    if cache.exists():
-        return json.loads(cache.read_text())
-    return {}
 
 
 def measure_config(model: str, batch: int, opt: str, processes: int) -> dict:
@@ -198,11 +188,12 @@ def main(argv: list[str] | None = None) -> int:
                else HELD_OUT_CONFIGS if args.held_out else CONFIGS)
     if args.only:
         configs = [c for c in configs if c[0] in args.only]
-    cache = load_cache()
     from benchmarks import machine
 
     versions = {"tensorflow": tf.__version__, "keras": keras.__version__}
     here = machine.facts()
+    path = machine.cache_file(CACHE_STEM, here)  # this kind of machine's measurements
+    cache = json.loads(path.read_text()) if path.exists() else {}
     print(f"machine: {machine.describe(here)}", flush=True)
     rows = []
     for model, batch, opt in configs:
@@ -213,9 +204,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"measuring {key} ...", file=sys.stderr, flush=True)
             cache[key] = {**measure_config(model, batch, opt, args.processes),
                           "versions": versions, "machine": here}
-            RESULTS.mkdir(exist_ok=True)
-            machine.cache_file(CACHE_STEM, here).write_text(
-                json.dumps(cache, indent=1, sort_keys=True))
+            path.parent.mkdir(exist_ok=True)
+            path.write_text(json.dumps(cache, indent=1, sort_keys=True))
         runs = cache[key]["runs"]
         maxima = [max(r["step_peak_bytes"]) for r in runs]
         spread = max((max(r["step_peak_bytes"]) - min(r["step_peak_bytes"]))

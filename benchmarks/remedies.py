@@ -2,9 +2,9 @@
 
 For each model, the baseline training step and the step with one remedy are
 measured (fresh processes, BFC allocator, the highest of the processes'
-maxima, 3 or ``--processes``; cached with the machine they were taken on, one file per kind of
-machine: ``benchmarks.machine.cache_file``) and estimated
-(``memscope.whatif``). The saving
+maxima, 3 or ``--processes``; cached with the machine they were taken on,
+one file per kind of machine: ``benchmarks.machine.cache_file``) and
+estimated (``memscope.whatif``). The saving
 is baseline minus remedy; the error is (predicted saving - measured saving)
 / measured saving. The range "between processes" is the saving any pair of
 measuring processes shows (lowest baseline minus highest remedy, to highest
