@@ -183,6 +183,15 @@ class MeasurementKilled(RuntimeError):
         self.signal = signal
 
 
+def _run_process(args: list[str], *, env: dict[str, str], input: str,
+                 timeout: float) -> subprocess.CompletedProcess:
+    """``args`` run in a new process, its text output captured (the one place
+    this module starts processes; the tests start them faster, forked from
+    one that has imported TensorFlow: ``tests/forked.py``)."""
+    return subprocess.run(args, input=input, capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
 def measure_subprocess(spec: dict[str, Any], *, timeout_s: float = 1800,
                        extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run one measurement spec in a fresh process with the BFC allocator on."""
@@ -191,10 +200,9 @@ def measure_subprocess(spec: dict[str, Any], *, timeout_s: float = 1800,
     env[ENV_BFC] = "true"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     env.setdefault("KERAS_BACKEND", "tensorflow")
-    proc = subprocess.run(
+    proc = _run_process(
         [sys.executable, "-c", "from keras_memscope.measure import _worker_main; _worker_main()"],
-        input=json.dumps(spec), capture_output=True, text=True, env=env, timeout=timeout_s,
-    )
+        env=env, input=json.dumps(spec), timeout=timeout_s)
     if proc.returncode < 0:
         raise MeasurementKilled(
             f"measurement process was killed by signal {-proc.returncode}", -proc.returncode)

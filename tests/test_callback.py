@@ -3,7 +3,6 @@
 import csv
 import json
 import os
-import subprocess
 import sys
 import textwrap
 import warnings
@@ -14,6 +13,8 @@ import numpy as np
 import pytest
 
 import keras_memscope as memscope
+
+from . import forked
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -271,10 +272,9 @@ def test_example_csv_is_the_allocators_reading(tmp_path):
     above what is held between them, measure()'s step 24.9 MB; without
     oneDNN's kernels 71-72 against 84.0."""
     log = tmp_path / "log.csv"
-    proc = subprocess.run([sys.executable, "-c", PROFILED_EXAMPLE,
-                           str(ROOT / "examples" / "train_with_callback.py"), str(log),
-                           str(tmp_path / "trace")],
-                          capture_output=True, text=True, env=_bfc_env(), timeout=600)
+    proc = forked.run([sys.executable, "-c", PROFILED_EXAMPLE,
+                       str(ROOT / "examples" / "train_with_callback.py"), str(log),
+                       str(tmp_path / "trace")], env=_bfc_env(), timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "memscope: estimated training-step peak" in proc.stdout
     requested, in_use = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -310,8 +310,7 @@ def test_mirrored_strategy_two_logical_cpus(tmp_path):
         print(json.dumps({"devices": cb.devices, "keys": sorted(hist.history),
                           "batch": cb.estimate.batch_size}))
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=_bfc_env(), timeout=600)
+    proc = forked.run([sys.executable, "-c", script], env=_bfc_env(), timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     import json
 

@@ -13,6 +13,7 @@ import pytest
 
 import keras_memscope as memscope
 
+from . import forked
 from .models import Gated, gated_mlp, seed_mlp, small_cnn, wide_mlp
 
 # The rule engine's target on the CPU allocator is 25% worst case
@@ -155,11 +156,11 @@ ONEDNN = {"TF_ENABLE_ONEDNN_OPTS": "1"}
 
 def _in_fresh_process(code: str, *args: str, env: dict | None = None) -> Any:
     """What ``code`` (with ``args``) prints last, as JSON, run in a fresh
-    process with the BFC allocator (and ``env`` beside it)."""
+    process with the BFC allocator (and ``env`` beside it): forked from one
+    that has imported TensorFlow (``tests/forked.py``)."""
     env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPP_MIN_LOG_LEVEL="3",
                **(env or {}))
-    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
-                          text=True, env=env, timeout=300)
+    proc = forked.run([sys.executable, "-c", code, *args], env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -13,7 +13,7 @@ from keras.src.backend.common import global_state
 
 import keras_memscope as memscope
 
-from . import models
+from . import forked, models
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -144,8 +144,8 @@ def test_mirrored_strategy_on_two_logical_cpus():
                           "device_batch": est.device_batch_size,
                           "persistent": est.persistent_bytes, "est_peak": est.peak_bytes}))
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=_env(TF_CPU_ALLOCATOR_USE_BFC="true"), timeout=600)
+    proc = forked.run([sys.executable, "-c", script], env=_env(TF_CPU_ALLOCATOR_USE_BFC="true"),
+                      timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["devices"] == 2 and out["device_batch"] == 128
