@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import time
 
 from tabulate import tabulate
@@ -34,24 +33,16 @@ def main(argv: list[str] | None = None) -> None:
     from tests import forked
 
     measure = importlib.import_module("keras_memscope.measure")
-    kinds = ("started", "forked")
-
-    def run_with(kind):
-        def run(cmd, *, env, input, timeout):
-            if kind == "started":
-                return subprocess.run(cmd, input=input, capture_output=True, text=True,
-                                      env=env, timeout=timeout)
-            return forked.run(cmd, env=env, input=input, timeout=timeout)
-        return run
+    runners = {"started": measure._run_process, "forked": forked.run}
 
     rows = []
     for model, batch, opt in CONFIGS:
         if args.only and model not in args.only:
             continue
-        got = {kind: ([], []) for kind in kinds}
+        got = {kind: ([], []) for kind in runners}
         for _ in range(args.processes):
-            for kind in kinds:
-                measure._run_process = run_with(kind)
+            for kind, runner in runners.items():
+                measure._run_process = runner
                 t0 = time.time()
                 raw = measure.measure_subprocess({
                     "builder": f"benchmarks.zoo:{model}", "batch_size": batch,
@@ -60,11 +51,12 @@ def main(argv: list[str] | None = None) -> None:
                 got[kind][0].append(max(raw["step_peak_bytes"]) / 2**20)
                 got[kind][1].append(time.time() - t0)
         row = [f"{model} b{batch} {opt}"]
-        for kind in kinds:
+        for kind in runners:
             peaks, seconds = got[kind]
             row += [f"{min(peaks):.1f} - {max(peaks):.1f}", f"{sum(seconds) / len(seconds):.1f}"]
         rows.append(row)
         print(tabulate([row], tablefmt="plain"), flush=True)
+    measure._run_process = runners["started"]
     forked.close_all()
     print(tabulate(rows, headers=["configuration", "started MiB", "s each", "forked MiB",
                                   "s each"], tablefmt="github"))

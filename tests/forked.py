@@ -92,7 +92,7 @@ class Server:
             timeout: float) -> subprocess.CompletedProcess:
         with tempfile.TemporaryDirectory() as tmp:
             paths = {k: Path(tmp) / k for k in ("stdin", "stdout", "stderr")}
-            paths["stdin"].write_text(stdin or "")
+            paths["stdin"].write_text(stdin)
             paths["stdout"].touch()
             paths["stderr"].touch()
             extra = {k: v for k, v in env.items() if self.env.get(k) != v}
