@@ -6,7 +6,8 @@ times, and the band of per-process maxima is recorded. Measurements are cached
 in ``benchmarks/results/measured_cpu-<kind of machine>.json`` (with the
 TensorFlow and Keras versions and the machine: ``benchmarks.machine``) and
 re-used on the same versions and machine unless ``--remeasure``; estimates
-are always recomputed.
+are always recomputed. With ``--forked`` new measurements run in processes
+forked from one that has imported TensorFlow (``benchmarks.machine.processes``).
 
     python -m benchmarks.accuracy                 # the zoo
     python -m benchmarks.accuracy --held-out      # models nobody tuned for
@@ -108,19 +109,24 @@ def _key(model: str, batch: int, opt: str) -> str:
     return f"{model}/b{batch}/{opt}"
 
 
-def measure_config(model: str, batch: int, opt: str, processes: int) -> dict:
+def measure_config(model: str, batch: int, opt: str, processes: int,
+                   runner: str = "started") -> dict:
+    """``processes`` measurements of the configuration, each in a fresh
+    process of ``runner``'s (``benchmarks.machine.processes``)."""
+    from benchmarks import machine
     from keras_memscope.measure import measure_subprocess
 
     runs = []
-    for _ in range(processes):
-        t0 = time.time()
-        raw = measure_subprocess({"builder": f"benchmarks.zoo:{model}", "batch_size": batch,
-                                  "optimizer": opt, "steps": 6, "device": "cpu",
-                                  "loss": "sparse_categorical_crossentropy"
-                                  if model not in OWN_LOSS else None})
-        raw["seconds"] = round(time.time() - t0, 1)
-        runs.append(raw)
-    return {"runs": runs}
+    with machine.processes(runner):
+        for _ in range(processes):
+            t0 = time.time()
+            raw = measure_subprocess({"builder": f"benchmarks.zoo:{model}", "batch_size": batch,
+                                      "optimizer": opt, "steps": 6, "device": "cpu",
+                                      "loss": "sparse_categorical_crossentropy"
+                                      if model not in OWN_LOSS else None})
+            raw["seconds"] = round(time.time() - t0, 1)
+            runs.append(raw)
+    return {"runs": runs, "runner": runner}
 
 
 def naive_bytes(est) -> int:
@@ -173,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="model names to run")
     parser.add_argument("--remeasure", action="store_true")
     parser.add_argument("--processes", type=int, default=3)
+    parser.add_argument("--forked", action="store_true",
+                        help="measure in processes forked from one that has imported "
+                             "TensorFlow (tests/forked.py; the cache records which)")
     parser.add_argument("--methods", nargs="*", default=["graph", "rules", "naive"],
                         help="rules, graph, naive (the folklore formula)")
     parser.add_argument("--json", type=Path, help="write the table as JSON here")
@@ -202,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         if (args.remeasure or entry.get("versions") != versions
                 or entry.get("machine") != here):
             print(f"measuring {key} ...", file=sys.stderr, flush=True)
-            cache[key] = {**measure_config(model, batch, opt, args.processes),
+            cache[key] = {**measure_config(model, batch, opt, args.processes,
+                                           "forked" if args.forked else "started"),
                           "versions": versions, "machine": here}
             path.parent.mkdir(exist_ok=True)
             path.write_text(json.dumps(cache, indent=1, sort_keys=True))

@@ -11,6 +11,8 @@ beside each entry and measure again on another machine.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
@@ -52,3 +54,30 @@ def cache_file(stem: str, machine: dict | None = None) -> Path:
     ``machine``): one file per kind, so that measuring on one kind keeps
     another's (``benchmarks/results/measured_cpu-onednn-l2-1024k-2t.json``)."""
     return RESULTS / f"{stem}-{tag(machine or facts())}.json"
+
+
+@contextlib.contextmanager
+def processes(runner: str = "started") -> Iterator[str]:
+    """While inside, ``keras_memscope.measure``'s processes are ``runner``'s:
+    ``"started"`` (``subprocess.run``, as ``measure()`` starts them) or
+    ``"forked"`` (forked from a process that has imported TensorFlow and
+    Keras, ``tests/forked.py``: the same peaks, a few seconds less each,
+    ``benchmarks/forked_processes.py``). Gives ``runner`` back."""
+    if runner not in ("started", "forked"):
+        raise ValueError(f"runner must be 'started' or 'forked', not {runner!r}")
+    import importlib
+
+    # the module, not the function ``keras_memscope.measure`` that shadows it
+    measure = importlib.import_module("keras_memscope.measure")
+    started = measure._run_process
+    if runner == "started":
+        yield runner
+        return
+    from tests import forked
+
+    measure._run_process = forked.run
+    try:
+        yield runner
+    finally:
+        measure._run_process = started
+        forked.close_all()

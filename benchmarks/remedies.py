@@ -11,12 +11,30 @@ measuring processes shows (lowest baseline minus highest remedy, to highest
 minus lowest); "saving of the medians" is the median baseline minus the
 median remedy, less moved by one high or low process.
 
-    python -m benchmarks.remedies [--processes 6] [--held-out]
+How repeatable a measured saving is: the processes of each configuration are
+split in two halves every possible way, and each half's saving taken as the
+whole one is (the highest baseline minus the highest remedy). "Halves'
+savings" is the range of those savings, and "halves differ by" the median,
+over the splits, of the difference between the two halves' savings relative
+to their mean: what two independent measurements of the saving with half as
+many processes each would disagree by. A saving whose halves differ by more
+than the 15% target cannot show whether a prediction is within it.
+
+New measurements run in started processes, or with ``--forked`` in processes
+forked from one that has imported TensorFlow (``tests/forked.py``, the tests'
+runner; ``benchmarks/forked_processes.py`` measures both side by side). The
+cache records which (``runners``), and ``--only-runner`` makes the table
+from one kind's processes alone.
+
+    python -m benchmarks.remedies [--processes 6] [--held-out] [--forked]
+    python -m benchmarks.remedies --processes 12 --only-runner started
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import itertools
 import json
 import os
 import statistics
@@ -25,6 +43,7 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
+import numpy as np  # noqa: E402
 
 CACHE_STEM = "measured_remedies"
 
@@ -99,9 +118,12 @@ def _spec(name: str, batch: int, change: dict) -> dict:
             "loss": "sparse_categorical_crossentropy"}
 
 
-def measured(spec: dict, cache: dict, here: dict, processes: int = 3) -> list[int]:
+def measured(spec: dict, cache: dict, here: dict, processes: int = 3,
+             runner: str = "started", only: str | None = None) -> list[int]:
     """The per-process maxima of the configuration's training steps, taken on
-    the machine ``here`` (``benchmarks.machine.facts``)."""
+    the machine ``here`` (``benchmarks.machine.facts``); new ones in
+    ``runner``'s processes (``"started"`` or ``"forked"``). With ``only``,
+    the maxima of that kind of process alone."""
     from benchmarks import machine
     from keras_memscope.measure import measure_subprocess
 
@@ -111,18 +133,52 @@ def measured(spec: dict, cache: dict, here: dict, processes: int = 3) -> list[in
         entry = cache[key] = {"maxima": [], "machine": here}
     # (more processes than the cache holds: the missing ones are measured)
     while len(entry["maxima"]) < processes:
+        runners = entry.setdefault("runners", ["started"] * len(entry["maxima"]))
         entry["maxima"].append(max(measure_subprocess(spec)["step_peak_bytes"]))
+        runners.append(runner)
         path = machine.cache_file(CACHE_STEM, here)
         path.parent.mkdir(exist_ok=True)
         path.write_text(json.dumps(cache, indent=1))
-    return entry["maxima"]
+    return of_runner(entry, only) if only else entry["maxima"]
+
+
+def of_runner(entry: dict, runner: str) -> list[int]:
+    """A cache entry's maxima from ``runner``'s processes (entries written
+    before the cache recorded runners were all measured in started ones)."""
+    kinds = entry.get("runners", ["started"] * len(entry["maxima"]))
+    chosen = [m for m, kind in zip(entry["maxima"], kinds) if kind == runner]
+    if not chosen:
+        raise SystemExit(f"no {runner} processes are cached for this configuration; "
+                         f"measure some with --processes N{' --forked' * (runner == 'forked')}")
+    return chosen
+
+
+def halves(base: list[int], remedy: list[int]) -> tuple[float, float, float]:
+    """Over every split of the baseline's and the remedy's processes into two
+    halves: the lowest and highest saving one half shows (its highest
+    baseline minus its highest remedy), and the median of the two halves'
+    difference relative to their mean saving."""
+    def split_maxima(values: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        n = len(values)
+        first, second = [], []
+        for chosen in itertools.combinations(range(n), n // 2):
+            rest = set(range(n)) - set(chosen)
+            first.append(max(values[i] for i in chosen))
+            second.append(max(values[i] for i in rest))
+        return np.array(first, float), np.array(second, float)
+
+    base_a, base_b = split_maxima(base)
+    rem_a, rem_b = split_maxima(remedy)
+    saving_a = base_a[:, None] - rem_a[None, :]
+    saving_b = base_b[:, None] - rem_b[None, :]
+    mean = np.abs(saving_a + saving_b) / 2
+    differ = np.abs(saving_a - saving_b) / np.where(mean > 0, mean, np.nan)
+    both = np.concatenate([saving_a.ravel(), saving_b.ravel()])
+    return float(both.min()), float(both.max()), float(np.nanmedian(differ))
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    import keras_memscope as memscope
-    from benchmarks import machine, zoo
+    from benchmarks import machine
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=3,
@@ -131,7 +187,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--held-out", action="store_true",
                         help="remedies on models not used to write the estimator "
                              "(HELD_OUT_CASES)")
+    parser.add_argument("--forked", action="store_true",
+                        help="measure in processes forked from one that has imported "
+                             "TensorFlow (tests/forked.py)")
+    parser.add_argument("--only-runner", choices=("started", "forked"),
+                        help="the table from the cache's processes of this kind alone")
     options = parser.parse_args(argv)
+    with machine.processes("forked" if options.forked else "started") as runner:
+        return _table(options, runner)
+
+
+def _table(options: argparse.Namespace, runner: str) -> int:
+    import keras_memscope as memscope
+    from benchmarks import machine, zoo
 
     here = machine.facts()
     path = machine.cache_file(CACHE_STEM, here)
@@ -140,14 +208,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine.describe(here)}\n", flush=True)
     methods = ("graph", "rules")
     print("| model | batch | remedy | processes | measured MiB (before -> after) "
-          "| saving measured | saving of the medians | between processes | "
+          "| saving measured | saving of the medians | between processes | halves' savings "
+          "| halves differ by | "
           + " | ".join(f"{m} MiB (before -> after) | {m} saving | {m} error"
                        for m in methods) + " |")
-    print("|---|---|---|---|---|---|---|---|" + "---|---|---|" * len(methods))
+    print("|---|---|---|---|---|---|---|---|---|---|" + "---|---|---|" * len(methods))
     errors: dict[str, list[float]] = {m: [] for m in methods}
+    repeatable = 0
     for name, batch, title, change in (HELD_OUT_CASES if options.held_out else CASES):
-        base_all = measured(_spec(name, batch, {}), cache, here, options.processes)
-        rem_all = measured(_spec(name, batch, change), cache, here, options.processes)
+        base_all, rem_all = (measured(_spec(name, batch, c), cache, here, options.processes,
+                                      runner, options.only_runner) for c in ({}, change))
+        half_low, half_high, differ = halves(base_all, rem_all)
+        repeatable += differ <= 0.15
         base_m, rem_m = max(base_all), max(rem_all)
         # the saving any pair of processes shows
         low, high = min(base_all) - max(rem_all), max(base_all) - min(rem_all)
@@ -173,7 +245,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{base_m / mib:.0f} -> {rem_m / mib:.0f} | "
               f"{saved_m / mib:.0f} MiB | {medians / mib:.0f} MiB | "
               f"{low / mib:.0f}-{high / mib:.0f} MiB | "
+              f"{half_low / mib:.0f}-{half_high / mib:.0f} MiB | {differ:.0%} | "
               + " | ".join(cells) + " |", flush=True)
+    print(f"\nsavings whose halves differ by 15% or less (median split): {repeatable} of "
+          f"{len(errors[methods[0]])}")
     for method in methods:
         e = errors[method]
         print(f"\n{method}: median |error| {statistics.median(e):.0%}, worst {max(e):.0%} "

@@ -1,0 +1,50 @@
+"""The benchmarks' own arithmetic (their measurements are in benchmarks/RESULTS.md)."""
+
+import pytest
+
+
+def test_halves_of_a_saving():
+    """Two processes each: the halves are single processes, so the four
+    pairings give savings 10-4, 12-5 / 10-5, 12-4 / 12-4, 10-5 / 12-5, 10-4."""
+    from benchmarks.remedies import halves
+
+    low, high, differ = halves([10, 12], [4, 5])
+    assert (low, high) == (5, 8)
+    # |6 - 7| / 6.5 twice and |5 - 8| / 6.5 twice: the median is their mean
+    assert differ == pytest.approx((1 / 6.5 + 3 / 6.5) / 2)
+
+
+def test_halves_agree_when_every_process_does():
+    from benchmarks.remedies import halves
+
+    assert halves([100] * 6, [60] * 6) == (40, 40, 0)
+
+
+def test_processes_swaps_the_runner_and_puts_it_back():
+    import importlib
+
+    from benchmarks import machine
+    from tests import forked
+
+    measure = importlib.import_module("keras_memscope.measure")
+    started = measure._run_process
+    with machine.processes("forked") as runner:
+        assert runner == "forked" and measure._run_process is forked.run
+    assert measure._run_process is started
+    with machine.processes() as runner:
+        assert runner == "started" and measure._run_process is started
+    with pytest.raises(ValueError, match="'started' or 'forked'"):
+        with machine.processes("spawned"):
+            pass
+
+
+def test_of_runner_picks_one_kind_of_process():
+    from benchmarks.remedies import of_runner
+
+    entry = {"maxima": [5, 7, 6], "runners": ["started", "forked", "started"]}
+    assert of_runner(entry, "started") == [5, 6]
+    assert of_runner(entry, "forked") == [7]
+    # entries from before runners were recorded were measured in started processes
+    assert of_runner({"maxima": [3, 4]}, "started") == [3, 4]
+    with pytest.raises(SystemExit, match="--forked"):
+        of_runner({"maxima": [3, 4]}, "forked")
