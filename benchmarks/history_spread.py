@@ -6,9 +6,9 @@ threads, and which ops run beside which follows the ops' durations, which
 vary from step to step. Their allocator then sees the same requests in
 slightly different orders and rounds them into different chunks. A CPU
 estimate simulates the nominal order and ``DeviceProfile.order_histories``
-others, every prim's two gradient times scaled by independent log-normal
-factors (``op_time_sigma``: one op's step-to-step spread, measured by
-``benchmarks/op_time_spread.py``), and reports the highest peak. This prints
+others, every prim's forward and two gradient times scaled by independent
+log-normal factors (``op_time_sigma``: one op's step-to-step spread, measured
+by ``benchmarks/op_time_spread.py``), and reports the highest peak. This prints
 each history's peak for ResNet-50 at batch 16 under Adam and after a change
 (SGD instead, or another ``--remedy``; another zoo model with ``--model``),
 and each history's saving.
@@ -18,9 +18,10 @@ and each history's saving.
     python -m benchmarks.history_spread --model transformer --remedy activations
     python -m benchmarks.history_spread --model unet --batch 8 --remedy none
 
-Measured for comparison (``python -m benchmarks.remedies``): Adam 1850 MiB,
-SGD 1578 MiB, saving 271 MiB (206-307 between processes); mixed_bfloat16 1517
-MiB, saving 333 MiB (268-355); the U-Net at batch 8
+Measured for comparison (``python -m benchmarks.remedies --processes 12``,
+the highest of twelve processes): Adam 1911 MiB (the lowest 1734), SGD 1613
+MiB, saving 298 MiB (121-383 between processes); mixed_bfloat16 1524 MiB,
+saving 387 MiB (209-442); the U-Net at batch 8
 under Adam (``python -m benchmarks.accuracy --held-out``): 190.6-201.4 MiB.
 """
 

@@ -157,8 +157,11 @@ class DeviceProfile:
             log-normal spread of one op's duration between steps (0.32-0.34
             measured on a 2-core x86-64 CPU, ``benchmarks/op_time_spread.py``);
             the estimate simulates the nominal order and ``order_histories``
-            more, each with every op's gradient times scaled by independent
-            factors of that spread (fixed seeds), and reports the highest peak
+            more, each with every op's forward and gradient times scaled by
+            independent factors of that spread (fixed seeds; the forward
+            pass's independent branches then start in other orders too, as a
+            shared encoder's towers ran one after the other in one of nine
+            profiled processes), and reports the highest peak
             (``MemoryEstimate.history_peaks`` holds them all). 0: the nominal
             order only.
         fresh_pages_above, first_touch_bytes_s: allocations larger than

@@ -331,10 +331,11 @@ def estimate(
         optimizer: a name or a ``keras.optimizers.Optimizer``; defaults to the
             model's compiled optimizer, else Adam.
         device: ``"gpu"``, ``"cpu"`` or a :class:`DeviceProfile`. On the CPU,
-            whose executor runs input and weight gradients on two threads in
-            an order that varies with op times, the step is simulated in the
-            nominal order and ``order_histories`` others and the estimate is
-            the highest peak (``history_peaks``).
+            whose executor runs input and weight gradients (and independent
+            forward branches) on two threads in an order that varies with op
+            times, the step is simulated in the nominal order and
+            ``order_histories`` others and the estimate is the highest peak
+            (``history_peaks``).
         dtype_policy: e.g. ``"mixed_bfloat16"`` to estimate the model rebuilt
             under that policy (its own policy otherwise).
         input_shape: input shape(s) without the batch dimension, for models
@@ -514,9 +515,13 @@ def estimate(
     nominal = step(ops)
     result, history_peaks = nominal, ()
     if profile.weight_grad_lag > 0 and profile.order_histories > 0:
-        # other orders of the two gradient streams: the highest peak has to fit
+        # other orders of the two threads: the highest peak has to fit. Op
+        # times vary in both passes, so the forward pass's branches interleave
+        # in other orders too (a shared encoder's towers one after the other)
+        forward = _ordering_seconds(timing.forward_seconds, profile, dtypes)
         others = [step(ops, backward_time=_scaled_times(backward_time, profile.op_time_sigma,
-                                                        seed))
+                                                        seed),
+                       forward_time=_scaled_forward(forward, profile.op_time_sigma, seed))
                   for seed in range(1, profile.order_histories + 1)]
         history_peaks = (nominal.peak_bytes, *(r.peak_bytes for r in others))
         result = max([nominal, *others], key=lambda r: r.peak_bytes)
@@ -684,6 +689,23 @@ def _scaled_times(times: Callable[[Any], tuple[float, float]], sigma: float,
             factors[key] = (rng.lognormvariate(0.0, sigma), rng.lognormvariate(0.0, sigma))
         a, b = times(cost)
         return a * factors[key][0], b * factors[key][1]
+    return scaled
+
+
+def _scaled_forward(times: Callable[[Any], float], sigma: float,
+                    seed: int) -> Callable[[Any], float]:
+    """``times`` (a prim's forward seconds) with each prim's scaled by an
+    independent log-normal factor of spread ``sigma``, as
+    :func:`_scaled_times` does the gradients' (a stream of its own, drawn
+    from ``seed``, so that the gradients' factors stay those of the seed)."""
+    rng = random.Random(seed + 7919)
+    factors: dict[int, float] = {}
+
+    def scaled(cost: Any) -> float:
+        key = id(cost)
+        if key not in factors:
+            factors[key] = rng.lognormvariate(0.0, sigma)
+        return times(cost) * factors[key]
     return scaled
 
 

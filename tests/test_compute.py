@@ -229,6 +229,28 @@ def test_cpu_estimate_is_the_highest_of_its_simulated_orders():
     assert memscope.MemoryEstimate.from_json(est.to_json()).history_peaks == est.history_peaks
 
 
+def test_other_orders_vary_the_forward_times_too():
+    """Op times vary from step to step in the forward pass as in the
+    backward one (``benchmarks/op_time_spread.py`` measures every op), so
+    each simulated order scales every prim's forward seconds by a factor of
+    its own as well: the same seed gives the same factors, another seed
+    others, and no spread leaves the times as they are."""
+    from keras_memscope.estimator import _scaled_forward
+
+    def second(cost):
+        return 1.0
+
+    prims = [object() for _ in range(6)]
+    first = _scaled_forward(second, 0.33, seed=1)
+    times = [first(p) for p in prims]
+    assert times == [first(p) for p in prims]  # one factor per prim
+    again, other = _scaled_forward(second, 0.33, seed=1), _scaled_forward(second, 0.33, seed=2)
+    assert times == [again(p) for p in prims]
+    assert times != [other(p) for p in prims]
+    assert len(set(times)) == len(prims) and all(t > 0 for t in times)
+    assert {_scaled_forward(second, 0.0, seed=1)(p) for p in prims} == {1.0}
+
+
 def test_convolution_into_few_channels_takes_a_vectors_time():
     """oneDNN's convolution kernels work on a vector of output channels at a
     time: a 3 x 3 convolution into one channel takes about as long as one
