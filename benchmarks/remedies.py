@@ -28,6 +28,7 @@ from one kind's processes alone.
 
     python -m benchmarks.remedies [--processes 6] [--held-out] [--forked]
     python -m benchmarks.remedies --processes 12 --only-runner started
+    python -m benchmarks.remedies --processes 24 --forked --only transformer
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import argparse
 import contextlib
 import itertools
 import json
+import math
 import os
 import statistics
 import sys
@@ -46,6 +48,9 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 CACHE_STEM = "measured_remedies"
+# splits of one configuration's processes into halves (``halves``): all of
+# them up to this many (12 processes: 924), else a fixed sample
+MAX_SPLITS = 1000
 
 # model, batch, remedy name, whatif arguments
 CASES = [
@@ -155,13 +160,19 @@ def of_runner(entry: dict, runner: str) -> list[int]:
 
 def halves(base: list[int], remedy: list[int]) -> tuple[float, float, float]:
     """Over every split of the baseline's and the remedy's processes into two
-    halves: the lowest and highest saving one half shows (its highest
-    baseline minus its highest remedy), and the median of the two halves'
-    difference relative to their mean saving."""
+    halves (a fixed sample of ``MAX_SPLITS`` where there are more): the
+    lowest and highest saving one half shows (its highest baseline minus its
+    highest remedy), and the median of the two halves' difference relative
+    to their mean saving."""
     def split_maxima(values: list[int]) -> tuple[np.ndarray, np.ndarray]:
         n = len(values)
+        if math.comb(n, n // 2) <= MAX_SPLITS:
+            splits = [list(c) for c in itertools.combinations(range(n), n // 2)]
+        else:  # (24 processes: 2.7 million splits) a fixed sample of them
+            rng = np.random.default_rng(0)
+            splits = [list(rng.permutation(n)[: n // 2]) for _ in range(MAX_SPLITS)]
         first, second = [], []
-        for chosen in itertools.combinations(range(n), n // 2):
+        for chosen in splits:
             rest = set(range(n)) - set(chosen)
             first.append(max(values[i] for i in chosen))
             second.append(max(values[i] for i in rest))
@@ -190,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--forked", action="store_true",
                         help="measure in processes forked from one that has imported "
                              "TensorFlow (tests/forked.py)")
+    parser.add_argument("--only", nargs="*", metavar="MODEL",
+                        help="the remedies of these models alone (e.g. transformer vit)")
     parser.add_argument("--only-runner", choices=("started", "forked"),
                         help="the table from the cache's processes of this kind alone")
     options = parser.parse_args(argv)
@@ -215,7 +228,14 @@ def _table(options: argparse.Namespace, runner: str) -> int:
     print("|---|---|---|---|---|---|---|---|---|---|" + "---|---|---|" * len(methods))
     errors: dict[str, list[float]] = {m: [] for m in methods}
     repeatable = 0
-    for name, batch, title, change in (HELD_OUT_CASES if options.held_out else CASES):
+    cases = HELD_OUT_CASES if options.held_out else CASES
+    if options.only:
+        unknown = sorted(set(options.only) - {case[0] for case in cases})
+        if unknown:
+            raise SystemExit(f"no remedies of {', '.join(unknown)} in this set; choose from "
+                             f"{', '.join(sorted({case[0] for case in cases}))}")
+        cases = [case for case in cases if case[0] in options.only]
+    for name, batch, title, change in cases:
         base_all, rem_all = (measured(_spec(name, batch, c), cache, here, options.processes,
                                       runner, options.only_runner) for c in ({}, change))
         half_low, half_high, differ = halves(base_all, rem_all)

@@ -48,3 +48,15 @@ def test_of_runner_picks_one_kind_of_process():
     assert of_runner({"maxima": [3, 4]}, "started") == [3, 4]
     with pytest.raises(SystemExit, match="--forked"):
         of_runner({"maxima": [3, 4]}, "forked")
+
+
+def test_halves_of_many_processes_take_a_sample_of_the_splits():
+    """24 processes split 2.7 million ways: a fixed sample of them, the
+    same in every run."""
+    from benchmarks.remedies import halves
+
+    base = [100 + (i % 5) for i in range(24)]
+    remedy = [60 + (i % 3) for i in range(24)]
+    low, high, differ = halves(base, remedy)
+    assert 100 + 2 - 62 <= low <= high <= 104 - 60
+    assert (low, high, differ) == halves(base, remedy)
