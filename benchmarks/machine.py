@@ -65,17 +65,16 @@ def processes(runner: str = "started") -> Iterator[str]:
     ``benchmarks/forked_processes.py``). Gives ``runner`` back."""
     if runner not in ("started", "forked"):
         raise ValueError(f"runner must be 'started' or 'forked', not {runner!r}")
-    import importlib
-
-    # the module, not the function ``keras_memscope.measure`` that shadows it
-    measure = importlib.import_module("keras_memscope.measure")
-    started = measure._run_process
     if runner == "started":
         yield runner
         return
+    import importlib
+
     from tests import forked
 
-    measure._run_process = forked.run
+    # the module, not the function ``keras_memscope.measure`` that shadows it
+    measure = importlib.import_module("keras_memscope.measure")
+    started, measure._run_process = measure._run_process, forked.run
     try:
         yield runner
     finally:

@@ -486,6 +486,7 @@ def estimate(
     final_temporaries = max(temporaries, state.final_update_peak - state.early_temporaries - 1)
     dtypes = {c.index: (c.outputs[0].dtype if c.outputs else "float32") for c in graph.calls}
     backward_time = _ordering_seconds(timing.backward_seconds, profile, dtypes)
+    forward_time = _ordering_seconds(timing.forward_seconds, profile, dtypes)
     sparse_sizes, scatters = _sparse_update(opt, ops)
     step = functools.partial(
         simulate,
@@ -505,7 +506,7 @@ def estimate(
         update_lag=lag,
         weight_grad_lag=profile.weight_grad_lag,
         backward_time=backward_time,
-        forward_time=_ordering_seconds(timing.forward_seconds, profile, dtypes),
+        forward_time=forward_time,
         all_reduce_bytes=(sum(w.nbytes for w in graph.variables if w.trainable)
                           if all_reduce else 0),
         remat=regions,
@@ -518,10 +519,10 @@ def estimate(
         # other orders of the two threads: the highest peak has to fit. Op
         # times vary in both passes, so the forward pass's branches interleave
         # in other orders too (a shared encoder's towers one after the other)
-        forward = _ordering_seconds(timing.forward_seconds, profile, dtypes)
         others = [step(ops, backward_time=_scaled_times(backward_time, profile.op_time_sigma,
                                                         seed),
-                       forward_time=_scaled_forward(forward, profile.op_time_sigma, seed))
+                       forward_time=_scaled_forward(forward_time, profile.op_time_sigma,
+                                                    seed))
                   for seed in range(1, profile.order_histories + 1)]
         history_peaks = (nominal.peak_bytes, *(r.peak_bytes for r in others))
         result = max([nominal, *others], key=lambda r: r.peak_bytes)
@@ -674,21 +675,31 @@ def _sparse_update(optimizer: Any, ops: Sequence[LayerOp]
     return (lambda values, table: [values] * made + [table] * dense), scatters
 
 
+def _prim_factors(sigma: float, rng: random.Random,
+                  count: int) -> Callable[[Any], tuple[float, ...]]:
+    """``count`` independent log-normal factors of spread ``sigma`` for each
+    prim, drawn from ``rng`` in the order the prims are first asked for (the
+    schedule asks in step order, so the same seed gives the same history)."""
+    factors: dict[int, tuple[float, ...]] = {}
+
+    def of(cost: Any) -> tuple[float, ...]:
+        key = id(cost)
+        if key not in factors:
+            factors[key] = tuple(rng.lognormvariate(0.0, sigma) for _ in range(count))
+        return factors[key]
+    return of
+
+
 def _scaled_times(times: Callable[[Any], tuple[float, float]], sigma: float,
                   seed: int) -> Callable[[Any], tuple[float, float]]:
     """``times`` with each prim's input- and weight-gradient seconds scaled by
-    independent log-normal factors of spread ``sigma``, drawn from ``seed`` in
-    the order the prims are first asked for (the schedule asks in step order,
-    so the same seed gives the same history)."""
-    rng = random.Random(seed)
-    factors: dict[int, tuple[float, float]] = {}
+    independent log-normal factors of spread ``sigma``, drawn from ``seed``
+    (:func:`_prim_factors`)."""
+    factors = _prim_factors(sigma, random.Random(seed), 2)
 
     def scaled(cost: Any) -> tuple[float, float]:
-        key = id(cost)
-        if key not in factors:
-            factors[key] = (rng.lognormvariate(0.0, sigma), rng.lognormvariate(0.0, sigma))
-        a, b = times(cost)
-        return a * factors[key][0], b * factors[key][1]
+        (a, b), (fa, fb) = times(cost), factors(cost)
+        return a * fa, b * fb
     return scaled
 
 
@@ -698,15 +709,8 @@ def _scaled_forward(times: Callable[[Any], float], sigma: float,
     independent log-normal factor of spread ``sigma``, as
     :func:`_scaled_times` does the gradients' (a stream of its own, drawn
     from ``seed``, so that the gradients' factors stay those of the seed)."""
-    rng = random.Random(seed + 7919)
-    factors: dict[int, float] = {}
-
-    def scaled(cost: Any) -> float:
-        key = id(cost)
-        if key not in factors:
-            factors[key] = rng.lognormvariate(0.0, sigma)
-        return times(cost) * factors[key]
-    return scaled
+    factors = _prim_factors(sigma, random.Random(seed + 7919), 1)
+    return lambda cost: times(cost) * factors(cost)[0]
 
 
 def _initializer_temporaries(model: Any) -> dict[int, int]:
