@@ -94,6 +94,10 @@ class Prim:
             0's gradient (a gather's: one row per looked-up id, a view of the
             output gradient): no table-sized gradient is written; the
             optimizer's update densifies it as its code does.
+        hoisted: a gradient op that runs with the forward pass, as TensorFlow's
+            executor runs it once the forward tensors it reads exist (GELU's
+            ``Square``; ``tfgraph._hoist``): not part of a forward pass run
+            without the gradient tape (a recomputed region's).
     """
 
     name: str
@@ -125,6 +129,7 @@ class Prim:
     upcast_workspace: tuple[tuple[str, int], ...] = ()
     accumulate_workspace: tuple[tuple[str, int], ...] = ()
     sparse_grad: tuple[str, ...] = ()
+    hoisted: bool = False
 
     def grad_inputs(self) -> tuple[str, ...]:
         return self.inputs if self.differentiable is None else self.differentiable

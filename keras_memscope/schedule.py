@@ -553,9 +553,42 @@ def simulate(
         region_inputs.append(tuple(dict.fromkeys(
             t for i in idx for t in flats[i].ins
             if t not in made and t not in external)) if needed else ())
+    # A region's forward pass runs without the gradient tape
+    # (tf.recompute_grad's ``f(*args)`` under ``stop_recording``): only the
+    # prims its outputs need, none of the gradient ops that run with a forward
+    # pass elsewhere (``Prim.hoisted``: GELU's ``Square``), in the order one
+    # thread runs them (``_depth_first``): an allocator trace of the gated MLP
+    # under RematScope("activations") makes one 8 MiB buffer per GELU in the
+    # forward pass (its ``-x``; the rest is written into it), where the taped
+    # pass makes three and a temporary.
+    forward_order: list[int] = []
+    untaped_skip: set[int] = set()
+    first_of = {idx[0]: r for r, idx in enumerate(regions)}
+    for i in range(len(flats)):
+        r = first_of.get(i)
+        if r is None:
+            if i not in region_of:
+                forward_order.append(i)
+            continue
+        idx = regions[r]
+        made = {t: j for j in idx for t in flats[j].outs}
+        inside = set(idx)
+        wanted = [t for j, g in enumerate(flats) if j not in inside for t in g.ins if t in made]
+        wanted += [t for t in model_outputs if t in made]
+        run: set[int] = set()
+        while wanted:
+            j = made.get(wanted.pop())
+            if j is None or j in run or flats[j].prim.hoisted:
+                continue
+            run.add(j)
+            wanted.extend(flats[j].ins)
+        order = [j for j in idx if j in run]
+        forward_order += _depth_first([flats[j] for j in order], order)
+        untaped_skip.update(j for j in idx if j not in run)
     for i, f in enumerate(flats):
-        for t in f.ins:
-            holders0[t] += 1
+        if i not in untaped_skip:  # a region's skipped prims read nothing then
+            for t in f.ins:
+                holders0[t] += 1
         if i not in region_of:  # a region keeps its inputs instead (below)
             for t in f.saved:
                 holders0[t] += 1
@@ -751,9 +784,9 @@ def simulate(
         # when the step starts.
         for i in at_start:
             produce(flats[i], "forward")
-        for i, f in enumerate(flats):
+        for i in forward_order:
             if i not in at_start:
-                produce(f, "forward")
+                produce(flats[i], "forward")
 
         index_of = {op.name: op.index for op in ops}
         for buf in sim.buffers.values():

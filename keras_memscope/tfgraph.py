@@ -21,6 +21,7 @@ blocks are traced once each.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -647,6 +648,7 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
         prim_ops.append(op)
         if op.name in hoisted:
             early.append(len(prims) - 1)
+            prims[-1] = dataclasses.replace(prims[-1], hoisted=True)
     owner = _gradient_op_owners(forward, hoisted)
     _keep_for_readers(prims, prim_ops, ref, _gradient_owners(backward, saved, owner))
     _hold_early_results(prims, early)

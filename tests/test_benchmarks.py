@@ -60,3 +60,19 @@ def test_halves_of_many_processes_take_a_sample_of_the_splits():
     low, high, differ = halves(base, remedy)
     assert 100 + 2 - 62 <= low <= high <= 104 - 60
     assert (low, high, differ) == halves(base, remedy)
+
+
+def test_step_phases_split_a_step_at_its_last_forward_op():
+    """In use after each event and its op: the forward pass is the model's
+    name scope; a gradient op read early (under ``gradient_tape/``) and the
+    loss are not; the rise is the peak over the level after the last forward
+    allocation."""
+    from benchmarks.step_phases import phases
+
+    events = [[100, "net_1/dense/MatMul"], [108, "net_1/dense/Relu"],
+              [109, "gradient_tape/net_1/dense/ReluGrad/Sign"], [110, "net_1/dense_1/MatMul"],
+              [111, "compile_loss/mse/sub"], [130, "gradient_tape/net_1/dense_1/MatMul"],
+              [104, "adam/Sqrt"]]
+    assert phases(events, "net") == {"start": 100, "forward": 110, "loss": 110, "peak": 130,
+                                     "rise": 20}
+    assert phases([[5, "adam/Sqrt"]], "net") is None
