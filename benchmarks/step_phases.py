@@ -31,30 +31,20 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 MIB = 2**20
 
 PROFILED_STEPS = r"""
-import contextlib, glob, json, shutil, sys, tempfile
-import tensorflow as tf
-from keras_memscope.measure import _xspace_events, run_steps
+import json, sys
+from keras_memscope.measure import _profiled, _xspace_events, run_steps
 from benchmarks.remedies import build
 spec = json.loads(sys.argv[1])
 model = build(spec["model"], policy=spec["policy"], remat=spec["remat"])
 steps = []
 
-@contextlib.contextmanager
-def profiled():
-    logdir = tempfile.mkdtemp(prefix="memscope-phases-")
-    tf.profiler.experimental.start(logdir)
-    try:
-        yield
-    finally:
-        tf.profiler.experimental.stop()
-        path = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)[0]
-        steps.append([[s.get("bytes_allocated") or 0, str(s.get("tf_op") or "")]
-                      for _, s in _xspace_events(path, ("MemoryAllocation", "MemoryDeallocation"))
-                      if str(s.get("allocator_name", "")).startswith("bfc_cpu")])
-        shutil.rmtree(logdir, ignore_errors=True)
+def allocations(path):
+    return [[s.get("bytes_allocated") or 0, str(s.get("tf_op") or "")]
+            for _, s in _xspace_events(path, ("MemoryAllocation", "MemoryDeallocation"))
+            if str(s.get("allocator_name", "")).startswith("bfc_cpu")]
 
 run_steps(model, spec["batch"], optimizer=spec["optimizer"], loss=None, steps=spec["steps"],
-          device="cpu", around_step=profiled)
+          device="cpu", around_step=lambda step: steps.append(_profiled(step, allocations)))
 print(json.dumps({"name": model.name, "steps": steps}))
 """
 
@@ -81,7 +71,9 @@ def phases(events: list[list], model_name: str) -> dict[str, int] | None:
 def simulated(result) -> dict[str, int]:
     """The same figures from one simulated step (``schedule.StepResult``)."""
     forward = [p for p in result.timeline if p.phase == "forward"]
-    level = next(p.live_bytes for p in result.timeline if p.phase == "loss")
+    # the level the loss starts from: after the last forward op, as measured
+    level = (forward[-1].live_bytes if forward
+             else next(p.live_bytes for p in result.timeline if p.phase == "loss"))
     return {"start": forward[0].live_bytes if forward else level,
             "forward": max((max(p.live_bytes, p.high_bytes) for p in forward), default=level),
             "loss": level, "peak": result.peak_bytes, "rise": result.peak_bytes - level}

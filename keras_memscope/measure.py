@@ -87,16 +87,15 @@ def synthetic_tensor(shape: Any, dtype: str, *, zeros: bool = False) -> Any:
 
 def run_steps(model: Any, batch_size: int, *, optimizer: Any, loss: Any, steps: int,
               device: str, input_shape: Any = None,
-              around_step: Callable[[], Any] | None = None) -> dict[str, Any]:
+              around_step: Callable[[Callable[[], Any]], Any] | None = None
+              ) -> dict[str, Any]:
     """Compile ``model``, train it on one synthetic batch, read the allocator.
 
     Runs in the current process; the caller is responsible for the allocator
-    setting (see :func:`measure`). ``around_step()``, where given, makes a
-    context manager that each measured step (not the warm-up) runs inside
+    setting (see :func:`measure`). ``around_step(step)``, where given, runs
+    each measured step (not the warm-up) by calling ``step()``
     (``benchmarks/step_phases.py`` profiles each step's allocations).
     """
-    import contextlib
-
     import tensorflow as tf
 
     from .graph import concrete_input_shapes
@@ -133,8 +132,7 @@ def run_steps(model: Any, batch_size: int, *, optimizer: Any, loss: Any, steps: 
     for _ in range(steps):
         tf.config.experimental.reset_memory_stats(dev)
         currents.append(tf.config.experimental.get_memory_info(dev)["current"])
-        with around_step() if around_step else contextlib.nullcontext():
-            model.train_on_batch(x, y)
+        (around_step or (lambda step: step()))(lambda: model.train_on_batch(x, y))
         peaks.append(tf.config.experimental.get_memory_info(dev)["peak"])
     return {"step_peak_bytes": peaks, "persistent_bytes": min(currents),
             "rss_peak_bytes": peak_rss_bytes()}
