@@ -564,6 +564,11 @@ def simulate(
     forward_order: list[int] = []
     untaped_skip: set[int] = set()
     first_of = {idx[0]: r for r, idx in enumerate(regions)}
+    read_by: dict[int, list[int]] = defaultdict(list)  # tensor -> the prims reading it
+    if regions:
+        for j, g in enumerate(flats):
+            for t in g.ins:
+                read_by[t].append(j)
     for i in range(len(flats)):
         r = first_of.get(i)
         if r is None:
@@ -573,7 +578,7 @@ def simulate(
         idx = regions[r]
         made = {t: j for j in idx for t in flats[j].outs}
         inside = set(idx)
-        wanted = [t for j, g in enumerate(flats) if j not in inside for t in g.ins if t in made]
+        wanted = [t for t in made for j in read_by.get(t, ()) if j not in inside]
         wanted += [t for t in model_outputs if t in made]
         run: set[int] = set()
         while wanted:
