@@ -132,7 +132,10 @@ def run_steps(model: Any, batch_size: int, *, optimizer: Any, loss: Any, steps: 
     for _ in range(steps):
         tf.config.experimental.reset_memory_stats(dev)
         currents.append(tf.config.experimental.get_memory_info(dev)["current"])
-        (around_step or (lambda step: step()))(lambda: model.train_on_batch(x, y))
+        if around_step is not None:
+            around_step(lambda: model.train_on_batch(x, y))
+        else:
+            model.train_on_batch(x, y)
         peaks.append(tf.config.experimental.get_memory_info(dev)["peak"])
     return {"step_peak_bytes": peaks, "persistent_bytes": min(currents),
             "rss_peak_bytes": peak_rss_bytes()}
