@@ -31,6 +31,8 @@ from .ir import LayerOp, Prim
 from .records import Holder, TimelinePoint
 from .units import round_up
 
+INF = float("inf")
+
 _OUT_REF = re.compile(r"^out\d+$")
 
 PERSISTENT = "persistent"
@@ -134,6 +136,7 @@ class _Job:
     end: float
     workspace: int | None = None
     started: bool = False
+    left: float = 0.0  # seconds of work still to do at the full machine's speed
 
 
 @dataclasses.dataclass
@@ -337,6 +340,41 @@ def _depth_first(flats: Sequence[_Flat], index: Sequence[int]) -> list[int]:
     return order
 
 
+def _share(jobs: Sequence[_Job], clock: float, work: float, keep_waiting: int = -1) -> float:
+    """Run ``work`` seconds of the input-gradient stream from ``clock``
+    beside the weight-gradient ``jobs`` waiting, and return when it ends.
+
+    Two ops run at once (the executor's two threads) and share the cores:
+    each of ``n`` running ops goes at 1/n of its speed alone, so a weight
+    gradient running beside an input gradient slows it down and one running
+    alone goes at full speed. Jobs take a free thread in order; each job's
+    ``start`` and ``end`` are set as it gets a thread and as it finishes
+    (``left``: its seconds of work still to do). With ``keep_waiting`` >= 0
+    there is no work: both threads run jobs until that many are left."""
+    t = clock
+    if work <= 0 and keep_waiting < 0:
+        return t
+    while True:
+        waiting = [j for j in jobs if j.left > 0]
+        if work <= 0 and len(waiting) <= keep_waiting:
+            return t
+        running = waiting[:1 if work > 0 else 2]
+        for j in running:
+            if j.start == INF:
+                j.start = t
+        n = len(running) + (1 if work > 0 else 0)
+        step = min([j.left for j in running] + ([work] if work > 0 else []))
+        t += step * n
+        for j in running:
+            j.left -= step
+            if j.left <= 1e-12:
+                j.left, j.end = 0.0, t
+        if work > 0:
+            work -= step
+            if work <= 1e-12:
+                return t
+
+
 def simulate(
     ops: Sequence[LayerOp],
     *,
@@ -411,10 +449,13 @@ def simulate(
     beside the input gradients (TensorFlow's CPU executor runs two ops at
     once). ``backward_time`` gives each prim's seconds of input and of weight
     gradients: a weight-gradient job then starts when the second stream is
-    free and ends when its time has passed on the first, holding its output
-    gradient, what it reads and its workspace until then (a U-Net's 128 x 128
-    filter gradient runs while three smaller layers' input gradients are
-    computed). Without it, each job ends ``weight_grad_lag`` gradient ops later.
+    free and ends when its work is done, holding its output gradient, what
+    it reads and its workspace until then (a U-Net's 128 x 128 filter
+    gradient runs while three smaller layers' input gradients are
+    computed). The two running ops share the cores: each goes at half its
+    speed alone while the other runs, and at full speed alone (a 1024-wide
+    MLP's kernel gradient beside the next input gradient). Without it, each
+    job ends ``weight_grad_lag`` gradient ops later.
     ``forward_time`` gives a prim's forward seconds: a recomputed prim takes
     that long on the first stream, while weight-gradient jobs may end.
 
@@ -1009,13 +1050,15 @@ def simulate(
                 produce(flats[i], "recompute")
                 if recompute_times:
                     # the weight gradients running beside it may end meanwhile
-                    clock += recompute_times[i]
+                    clock = share(recompute_times[i])
                     advance(clock)
 
         jobs: deque[_Job] = deque()
         clock = 0.0  # when the input-gradient stream is free
-        weight_free = 0.0  # when the weight-gradient stream is free
         loop_on_second = False  # whether a recurrent loop's job is its last
+
+        def share(work: float, keep_waiting: int = -1) -> float:
+            return _share(jobs, clock, work, keep_waiting)
 
         def start_job(job: _Job, with_workspace: bool = True) -> None:
             for t in job.weights:
@@ -1032,17 +1075,21 @@ def simulate(
             job.started = True
 
         def advance(now: float) -> None:
-            """Start and end, in order, the weight-gradient jobs due by ``now``."""
-            while jobs:
-                job = jobs[0]
-                if not job.started:
-                    if job.start > now:
-                        return
+            """Start and end, in time order, the weight-gradient jobs due by
+            ``now`` (at one time, ends before starts)."""
+            while True:
+                due = [(j.end, 0, k, j) for k, j in enumerate(jobs) if j.started and j.end <= now]
+                due += [(j.start, 1, k, j) for k, j in enumerate(jobs)
+                        if not j.started and j.start <= now]
+                if not due:
+                    return
+                _, ending, _, job = min(due, key=lambda e: e[:3])
+                if ending == 0:
+                    jobs.remove(job)
+                    end_job(job)
+                else:
                     start_job(job)
                     sim.check("backward")
-                if job.end > now:
-                    return
-                end_job(jobs.popleft())
 
         seen_regions: set[int] = set()
         for i_flat in range(len(flats) - 1, -1, -1):
@@ -1072,21 +1119,19 @@ def simulate(
                 partial[t].append(bid)
             t_in, t_w = times[i_flat] if times else (0.0, 0.0)
             job = _Job(f, wts, out_grads, clock, clock)
-            if times and wts and not xts and weight_free > clock and not loop_on_second:
-                # no input gradient to compute: the first thread, idle, takes
-                # the weight gradients while the second still runs the last
-                # layer's (a model's first convolution beside the second's
-                # filter gradient, both column buffers alive); the thread
-                # that frees first goes on with the input gradients
-                job.start, job.end = clock, clock + t_w
-                clock, weight_free = min(job.end, weight_free), max(job.end, weight_free)
-            elif times and wts:
-                # the weight gradients start with the input gradients when the
-                # second stream is free, else after what it is running
-                job.start = max(weight_free, clock)
-                job.end = weight_free = job.start + t_w
-                # (a recurrent loop sums its weight gradients inside the loop:
-                # no separate op holds the second thread after it)
+            waits_for_thread = False
+            if times and wts:
+                # the job takes a thread when the jobs before it are done
+                # (see ``share``)
+                job.left, job.end = t_w, INF
+                job.start = clock if not any(j.left > 0 for j in jobs) else INF
+                # With no input gradient to compute, the first thread takes
+                # the jobs too (a model's first convolution beside the
+                # second's filter gradient, both column buffers alive), and
+                # the input gradients go on when a thread is free; a
+                # recurrent loop sums its weight gradients inside the loop:
+                # no separate op holds the second thread after it.
+                waits_for_thread = not xts and not loop_on_second
                 loop_on_second = bool(p.backlog_parts)
             starts_now = not times or job.start <= clock
             if starts_now:
@@ -1109,13 +1154,16 @@ def simulate(
                 sim.free(ws_x)
             settle(xts)
             sim.point("backward", op.name, p.name)
-            clock += t_in
             if times and not wts:
                 # nothing left to compute: the output gradient and what the
                 # gradient read go as soon as the input gradients are written
                 end_job(job)
             else:
                 jobs.append(job)
+            if xts and times:
+                clock = share(t_in)
+            elif waits_for_thread:
+                clock = share(0.0, keep_waiting=1)
             if not times:
                 while len(jobs) > weight_grad_lag:
                     end_job(jobs.popleft())
@@ -1140,11 +1188,13 @@ def simulate(
                 # gradient that ends while the embedding's update runs leaves
                 # the step's peak where it was, 83.8 MiB in 18 measured steps)
                 if update_time is not None:
-                    clock += update_time(weight_bytes[queue[0][0]])
+                    clock = share(update_time(weight_bytes[queue[0][0]]))
                     advance(clock)  # (a job ending hands on its gradients)
                     if not jobs or not queue:
                         break
                 run_update(*queue.popleft())
+        if times:
+            clock = share(0.0, keep_waiting=0)  # both threads take the jobs left
         advance(float("inf"))
         if all_reduce_bytes:
             # the gradients are packed into one buffer and reduced across devices

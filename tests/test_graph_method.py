@@ -511,3 +511,32 @@ def test_gradient_ops_ready_together_do_not_write_into_their_input():
     worst = max(r.peak_bytes for r in runs)
     assert worst >= 4 * big
     assert abs(est.peak_bytes / worst - 1) <= 0.15, (est.peak_bytes, worst)
+
+
+def test_two_running_gradient_ops_share_the_cores():
+    """A weight gradient beside an input gradient: each at half its speed
+    alone while both run, the one left at full speed."""
+    from keras_memscope.schedule import INF, _Job, _share
+
+    def job(seconds: float) -> _Job:
+        return _Job(None, [], [], INF, INF, left=seconds)  # type: ignore[arg-type]
+
+    long_job = job(3.0)
+    jobs = [long_job]
+    # 1 s of input gradient beside a 3 s job: it ends at 2 s, the job has 2 s left
+    assert _share(jobs, 0.0, 1.0) == pytest.approx(2.0)
+    assert long_job.start == 0.0 and long_job.end == INF
+    assert long_job.left == pytest.approx(2.0)
+    # 4 s more: the job ends after 2 x 2 s, then the input gradient runs alone
+    assert _share(jobs, 2.0, 4.0) == pytest.approx(8.0)
+    assert long_job.end == pytest.approx(6.0)
+    # with no input gradient, both threads take jobs in order until one is left
+    first, second, third = job(1.0), job(3.0), job(1.0)
+    jobs = [first, second, third]
+    assert _share(jobs, 0.0, 0.0, keep_waiting=1) == pytest.approx(4.0)
+    assert (first.end, third.start, third.end) == pytest.approx((2.0, 2.0, 4.0))
+    assert second.left == pytest.approx(1.0) and second.end == INF
+    assert _share(jobs, 4.0, 0.0, keep_waiting=0) == pytest.approx(5.0)
+    assert second.end == pytest.approx(5.0)
+    # no work and nothing to wait for: the time does not move
+    assert _share(jobs, 5.0, 0.0) == 5.0
