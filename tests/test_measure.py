@@ -552,13 +552,16 @@ def test_convolution_at_batch_one_against_measurement():
     """The filter gradient's column buffer (24 MiB with TensorFlow's own
     kernels) is as large at batch 1 as at any batch: the estimate had left it
     out at batch 1. With oneDNN's kernels there is none and the step is about
-    145 KiB, whose steps vary by some 20 KiB within one process (134-168 KiB
-    in 18 steps): the estimate lies within the measured steps' spread, give
-    or take 10% (issue 3's criterion)."""
+    150 KiB, whose steps vary from process to process (143-169 KiB in 15
+    steps of five processes of 3 steps; one process's steps all lay at
+    161-169): the estimate (138 KiB) lies within the measured steps' spread,
+    give or take 10% (issue 3's criterion), over three processes' steps as
+    `benchmarks.accuracy` takes them."""
     model = small_cnn()
-    measured = memscope.measure(model, 1, optimizer="adam", steps=3, device="cpu")
+    steps = [step for _ in range(3)
+             for step in memscope.measure(model, 1, optimizer="adam", steps=3,
+                                          device="cpu").step_peak_bytes]
     est = memscope.estimate(model, 1, optimizer="adam", device="cpu")
-    steps = measured.step_peak_bytes
     assert 0.9 * min(steps) <= est.peak_bytes <= 1.1 * max(steps), (est.peak_bytes, steps)
 
 
