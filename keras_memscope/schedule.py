@@ -127,7 +127,8 @@ class _Buffer:
 @dataclasses.dataclass
 class _Job:
     """A prim's weight gradients on the second stream: what they hold and when
-    they run (seconds from the start of the backward pass)."""
+    they run (seconds from the start of the backward pass; ``INF`` until
+    :func:`_share` gives the job a thread and runs it to its end)."""
 
     flat: _Flat
     weights: list[int]
@@ -1168,7 +1169,7 @@ def simulate(
                 while len(jobs) > weight_grad_lag:
                     end_job(jobs.popleft())
             if r is not None and i_flat == regions[r][0]:
-                advance(float("inf"))  # the region's gradients are done
+                advance(INF)  # the region's gradients are done
         if times:
             # The input gradients are done: the first thread is free while
             # the second may still run a weight gradient (a Conv1D's filter
@@ -1179,9 +1180,6 @@ def simulate(
             # the convolution's filter gradient, 129.6 MiB against 106.5
             # when the filter gradient ends first).
             advance(clock)
-            for job in [j for j in jobs if j.started and j.end <= clock]:
-                jobs.remove(job)
-                end_job(job)
             while queue and jobs:
                 # the update's temporaries come at its end: it overlaps the
                 # job only if the job outlasts it (a one-channel filter
@@ -1195,7 +1193,7 @@ def simulate(
                 run_update(*queue.popleft())
         if times:
             clock = share(0.0, keep_waiting=0)  # both threads take the jobs left
-        advance(float("inf"))
+        advance(INF)
         if all_reduce_bytes:
             # the gradients are packed into one buffer and reduced across devices
             packed = sim.alloc(all_reduce_bytes, "all-reduce", WORKSPACE)
