@@ -76,3 +76,14 @@ def test_step_phases_split_a_step_at_its_last_forward_op():
     assert phases(events, "net") == {"start": 100, "forward": 110, "loss": 110, "peak": 130,
                                      "rise": 20}
     assert phases([[5, "adam/Sqrt"]], "net") is None
+
+
+def test_peak_tensors_lists_what_is_alive_at_the_highest_count():
+    from benchmarks.peak_tensors import at_peak
+
+    # [allocated?, address, requested, in use after, op]
+    events = [[True, 1, 100, 256, "a"], [True, 2, 300, 768, "b"], [False, 1, 0, 512, ""],
+              [True, 3, 50, 768, "c"], [True, 4, 10, 1024, "d"], [False, 2, 0, 512, ""]]
+    in_use, op, alive = at_peak(events)
+    assert (in_use, op) == (1024, "d")
+    assert alive == [(300, "b"), (50, "c"), (10, "d")]

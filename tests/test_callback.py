@@ -288,7 +288,10 @@ def test_example_csv_is_the_allocators_reading(tmp_path):
         keras.Input((32, 32, 3)), keras.layers.Conv2D(32, 3, activation="relu"),
         keras.layers.MaxPooling2D(), keras.layers.Conv2D(64, 3, activation="relu"),
         keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
-    estimate = memscope.estimate(model, 64, optimizer="adam", device="cpu")
+    # the example's loss: the callback estimates the model as compiled (an
+    # uncompiled model's default loss takes the outputs as probabilities)
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    estimate = memscope.estimate(model, 64, device="cpu")
     assert all(float(r["memscope_estimate_bytes"]) == estimate.peak_bytes for r in rows)
 
 

@@ -1,0 +1,84 @@
+"""The tensors alive at a real training step's peak, by the op that made them.
+
+    python -m benchmarks.peak_tensors --model vae --batch 256 --optimizer adam
+
+A fresh process (BFC allocator on the CPU, as ``measure()`` runs them) trains
+the zoo model; each step after the warm-up is profiled on its own, and the
+allocations of that step still alive when the allocator's count of bytes in
+use was highest are listed (64 KiB and more), with the count and the bytes
+those allocations requested.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+MIB = 2**20
+
+PROFILED_STEPS = r"""
+import json, sys
+from keras_memscope.measure import _profiled, _xspace_events, run_steps
+from benchmarks import zoo
+name, batch, optimizer, steps = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+model = getattr(zoo, name)()
+found = []
+def events(path):
+    return [[kind == "MemoryAllocation", s.get("addr"), s.get("requested_bytes") or 0,
+             s.get("bytes_allocated") or 0, str(s.get("tf_op") or "")]
+            for kind, s in _xspace_events(path, ("MemoryAllocation", "MemoryDeallocation"))
+            if str(s.get("allocator_name", "")).startswith("bfc_cpu")]
+run_steps(model, batch, optimizer=optimizer, loss=None, steps=steps, device="cpu",
+          around_step=lambda step: found.append(_profiled(step, events)))
+print(json.dumps(found))
+"""
+
+
+def at_peak(events: list[list]) -> tuple[int, str, list[tuple[int, str]]]:
+    """One step's events (``[allocated?, address, requested, in use after,
+    op]``): the bytes in use at the peak, the op of the peak's event, and the
+    step's allocations alive there (requested bytes, op) in the order made."""
+    live: dict[int, tuple[int, str, int]] = {}
+    best: tuple[int, str, dict] = (-1, "", {})
+    for i, (allocated, addr, requested, in_use, op) in enumerate(events):
+        if allocated:
+            live[addr] = (requested, op, i)
+        else:
+            live.pop(addr, None)
+        if in_use > best[0]:
+            best = (in_use, op, dict(live))
+    in_use, op, alive = best
+    return in_use, op, [(r, o) for r, o, _ in sorted(alive.values(), key=lambda v: v[2])]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="a function of benchmarks.zoo")
+    parser.add_argument("--batch", type=int, required=True)
+    parser.add_argument("--optimizer", default="adam")
+    parser.add_argument("--steps", type=int, default=2, help="profiled steps")
+    options = parser.parse_args(argv)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPP_MIN_LOG_LEVEL="3",
+               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", PROFILED_STEPS, options.model,
+                           str(options.batch), options.optimizer, str(options.steps)],
+                          capture_output=True, text=True, env=env, cwd=root)
+    if proc.returncode != 0:
+        print(proc.stderr[-2000:], file=sys.stderr)
+        return 1
+    for n, events in enumerate(json.loads(proc.stdout.strip().splitlines()[-1])):
+        in_use, op, alive = at_peak(events)
+        print(f"step {n}: {in_use / MIB:.2f} MiB in use at the peak ({op}); "
+              f"{sum(r for r, _ in alive) / MIB:.2f} MiB requested in the step alive there")
+        for requested, made_by in alive:
+            if requested >= 64 * 1024:
+                print(f"  {requested / MIB:8.3f} MiB  {made_by}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
