@@ -662,17 +662,22 @@ def _update_seconds(state: Any, ordering: devices.DeviceProfile, nbytes: int) ->
 
 
 def _sparse_update(optimizer: Any, ops: Sequence[LayerOp]
-                   ) -> tuple[Callable[[int, int], list[int]] | None, bool]:
+                   ) -> tuple[Callable[[int, int], tuple[Any, ...]] | None, bool]:
     """The allocations ``optimizer``'s update makes for an IndexedSlices
-    gradient (values bytes, table bytes), where a prim has one (TensorFlow),
-    and whether it scatters into the variable (copy-on-read afterwards)."""
+    gradient (values bytes, table bytes -> the values-sized ones, the
+    table-sized ones, and what the update holds with its ops run one at a
+    time: ``optimizers.sparse_update_in_order``), where a prim has one
+    (TensorFlow), and whether it scatters into the variable (copy-on-read
+    afterwards)."""
     import keras
 
     if keras.backend.backend() != "tensorflow" or not any(
             p.sparse_grad for op in ops for p in op.prims):
         return None, False
     made, dense, scatters = optimizers.sparse_update(optimizer)
-    return (lambda values, table: [values] * made + [table] * dense), scatters
+    return (lambda values, table: ([values] * made, [table] * dense,
+                                   optimizers.sparse_update_in_order(optimizer, values, table))
+            ), scatters
 
 
 def _prim_factors(sigma: float, rng: random.Random,

@@ -407,13 +407,19 @@ def _early_counts(graph: Any, shape: tuple[int, ...]) -> tuple[int, int, int]:
 
 
 def _update_peak(groups: list[list[Any]], early: set[str], gradient: str | None,
-                 sized: Any) -> int:
+                 sized: Any, size: Any = None, alive: list[int] | None = None) -> int:
     """The most variable-sized buffers alive at once (the early products made
     first, the gradient's counted) when each group of ops runs together: its
     results made, then its inputs released. A result is written into an input
-    no one else will read (not a variable's value); an assigned result is
-    taken by its variable."""
+    no one else will read (not a variable's value) of its size; an assigned
+    result is taken by its variable. With ``size(tensor)`` the buffers are
+    counted by it (bytes) instead of one each, and ``alive`` (a list) gets
+    the sizes of the buffers alive at the peak (with no early products)."""
     from .tfgraph import VIEW_OPS
+
+    if size is None:
+        def size(t: Any) -> int:
+            return 1
 
     readers: dict[str, int] = {}
     for group in groups:
@@ -422,12 +428,19 @@ def _update_peak(groups: list[list[Any]], early: set[str], gradient: str | None,
                 readers[t.name] = readers.get(t.name, 0) + 1
     buffer: dict[str, int | None] = {}  # tensor -> our buffer (None: not counted)
     refs: dict[int, int] = {}  # readers left per buffer
+    nbytes: dict[int, int] = {}  # each buffer's count
     live = len(early)
     next_id = 0
     if gradient is not None:  # buffer 0, which results may take over
         buffer[gradient] = 0
         refs[0] = readers.get(gradient, 0)
-        live += 1
+        made = next((t for group in groups for op in group for t in op.outputs
+                     if t.name == gradient), None)
+        nbytes[0] = size(made) if made is not None else 1
+        live += nbytes[0]
+    held = {0: nbytes[0]} if gradient is not None else {}
+    if alive is not None:
+        alive[:] = list(held.values())
     peak = live
     for group in groups:
         for op in group:
@@ -449,18 +462,23 @@ def _update_peak(groups: list[list[Any]], early: set[str], gradient: str | None,
                     next_id += 1
                     taken = next_id
                     refs[taken] = 0
+                    nbytes[taken] = 1
                 for i in ([] if taken is not None else ins):  # into an input read last
                     b = buffer.get(i.name)
-                    if b is not None and refs.get(b) == 1 and sized(i):
+                    if b is not None and refs.get(b) == 1 and sized(i) and size(i) == size(t):
                         taken = b
                         break
                 if taken is None:
                     next_id += 1
                     taken = next_id
                     refs[taken] = 0
-                    live += 1
+                    nbytes[taken] = size(t)
+                    live += nbytes[taken]
+                    held[taken] = nbytes[taken]
                 refs[taken] += readers.get(t.name, 0)
                 buffer[t.name] = taken
+        if live > peak and alive is not None:
+            alive[:] = sorted(held.values(), reverse=True)
         peak = max(peak, live)
         for op in group:
             if op.type == "Placeholder":
@@ -470,18 +488,21 @@ def _update_peak(groups: list[list[Any]], early: set[str], gradient: str | None,
                 b = buffer.get(ins[1].name)
                 if b is not None and refs.get(b) == 1:  # the variable takes the buffer
                     refs[b] = 0
-                    live -= 1
+                    live -= nbytes[b]
+                    held.pop(b, None)
                     continue
             for i in ins:
                 b = buffer.get(i.name)
                 if b is not None and refs.get(b, 0) > 0:
                     refs[b] -= 1
                     if refs[b] == 0:
-                        live -= 1
+                        live -= nbytes[b]
+                        held.pop(b, None)
     return peak
 
 
 _SPARSE_UPDATES: dict[str, tuple[int, int, bool]] = {}
+_SPARSE_GRAPHS: dict[str, tuple[Any, tuple[int, int], tuple[int, int]]] = {}
 
 
 def sparse_update(optimizer: Any) -> tuple[int, int, bool]:
@@ -517,6 +538,7 @@ def sparse_update(optimizer: Any) -> tuple[int, int, bool]:
         _SPARSE_UPDATES[key] = (0, 1, False)
         return _SPARSE_UPDATES[key]
     made, dense, scatters = _sparse_counts(graph, (ids, cols))
+    _SPARSE_GRAPHS[key] = (graph, (ids, cols), (rows, cols))
     # a conditional update (a LossScaleOptimizer's) runs in a branch function
     branches = [_sparse_counts(fn.graph, (ids, cols))
                 for fn in getattr(graph, "_functions", {}).values()
@@ -527,6 +549,86 @@ def sparse_update(optimizer: Any) -> tuple[int, int, bool]:
         scatters = scatters or any(c[2] for c in branches)
     _SPARSE_UPDATES[key] = (made, dense, scatters)
     return made, dense, scatters
+
+
+def sparse_update_in_order(optimizer: Any, values_bytes: int,
+                           table_bytes: int) -> tuple[list[int], bool] | None:
+    """The buffers an update of an IndexedSlices gradient (``values_bytes``
+    of values for a ``table_bytes`` variable) holds at its highest, beyond
+    the values, when its ops run one at a time in the graph's order: as on
+    the one thread left beside a weight-gradient job. Adam's moments are
+    densified one after the other, each written into its moment before the
+    next segment sum, but the first moment's scaled copy waits for the
+    second's square root: two table-sized buffers, or one with the squared
+    values (allocator traces of a text CNN on TensorFlow's kernels: Adam's
+    ``Sqrt_1`` and one ``UnsortedSegmentSum`` alive beside the
+    convolution's filter gradient, or ``Square`` and one), with whether the
+    values are still alive then. The ops run in the order one executor
+    thread takes them (:func:`_last_ready_first`). None where the update was
+    not traced, runs in a branch (a loss-scale optimizer's) or makes a
+    segment sum of no static shape."""
+    sparse_update(optimizer)  # traces the graph
+    entry = _SPARSE_GRAPHS.get(_config_key(optimizer))
+    if entry is None:
+        return None
+    graph, values_shape, table_shape = entry
+    if getattr(graph, "_functions", None):
+        return None
+    ops = list(graph.get_operations())
+    values = next((op.outputs[0].name for op in ops if op.type == "Placeholder"
+                   and op.outputs[0].dtype.is_floating
+                   and tuple(op.outputs[0].shape) == values_shape), None)
+    if values is None or any(op.type == "UnsortedSegmentSum"
+                             and tuple(op.outputs[0].shape) != table_shape for op in ops):
+        return None
+
+    def sized(t: Any) -> bool:
+        return t.dtype.is_floating and tuple(t.shape) in (values_shape, table_shape)
+
+    def size(t: Any) -> int:
+        return values_bytes if tuple(t.shape) == values_shape else table_bytes
+
+    alive: list[int] = []
+    _update_peak([[op] for op in _last_ready_first(ops, values)], set(), values, sized,
+                 size, alive)
+    if values_bytes in alive:
+        alive.remove(values_bytes)  # the values: the gradient's own buffer
+        return alive, True
+    return alive, False
+
+
+def _last_ready_first(ops: list[Any], source: str) -> list[Any]:
+    """``ops`` in the order one thread of TensorFlow's executor runs them once
+    ``source`` (a tensor) arrives: what does not wait for it first, in the
+    graph's order (done before it comes); then, from it, each op's newly
+    ready readers queued in the graph's order and run last in, first out."""
+    names = {op.name for op in ops}
+
+    def sources(op: Any) -> list[str]:
+        return list(dict.fromkeys([t.op.name for t in op.inputs]
+                                  + [c.name for c in op.control_inputs]))
+
+    late: set[str] = set()
+    for op in ops:
+        if source in {t.name for t in op.outputs} or any(s in late for s in sources(op)):
+            late.add(op.name)
+    order = [op for op in ops if op.name not in late]
+    pending = {op.name: sum(1 for s in sources(op) if s in late and s in names)
+               for op in ops if op.name in late}
+    readers: dict[str, list[Any]] = {}
+    for op in ops:
+        for s in sources(op):
+            readers.setdefault(s, []).append(op)
+    stack = [op for op in ops if op.name in late and pending[op.name] == 0]
+    while stack:
+        op = stack.pop()
+        order.append(op)
+        for reader in readers.get(op.name, ()):
+            if reader.name in pending:
+                pending[reader.name] -= 1
+                if pending[reader.name] == 0:
+                    stack.append(reader)
+    return order
 
 
 def _sparse_counts(graph: Any, shape: tuple[int, int]) -> tuple[int, int, bool]:

@@ -396,7 +396,8 @@ def simulate(
     slots: Sequence[tuple[Any, ...]] = (),
     accumulation_steps: int = 0,
     decayed: Collection[int] = (),
-    sparse_update: Callable[[int, int], Sequence[int]] | None = None,
+    sparse_update: Callable[[int, int], tuple[Sequence[int], Sequence[int],
+                                              tuple[list[int], bool] | None]] | None = None,
     copy_on_read: bool = False,
     early_update: int = 0,
     final_update_workspace: Callable[[int], int] | None = None,
@@ -420,8 +421,12 @@ def simulate(
 
     ``sparse_update(values_bytes, table_bytes)`` gives the allocations an
     optimizer update makes for a weight whose gradient is ``IndexedSlices``
-    (``Prim.sparse_grad``, read by that one op), alive together before its
-    usual update; None: such gradients are written table-sized. With
+    (``Prim.sparse_grad``, read by that one op): values-sized and
+    table-sized (its densifications), alive together before its usual
+    update, and the buffers its whole update holds at its highest with its
+    ops run one at a time, with whether the values are alive then (None: not
+    known), which is what it holds beside a weight-gradient job; None: such
+    gradients are written table-sized. With
     ``copy_on_read`` that update scatters into the variable, after which
     TensorFlow copies the variable at every read: each op reading it in the
     next step has a copy of it while it runs.
@@ -895,7 +900,7 @@ def simulate(
         partial: dict[int, list[int]] = defaultdict(list)
         queue: deque[tuple[int, int]] = deque()
 
-        def run_update(key: int, bid: int, final: bool = False) -> None:
+        def run_update(key: int, bid: int, final: bool = False, beside: bool = False) -> None:
             if key in accumulator and not updating:
                 # accumulator + gradient, written into the gradient's buffer,
                 # which the accumulator keeps
@@ -914,19 +919,36 @@ def simulate(
                 release_accumulator(key)
                 accumulator[key] = ("zeros",)
             nbytes = sim.buffers[bid].nbytes
+            dense_done = False
             if bid in sparse_grads and sparse_update is not None:
                 # the optimizer's code densifies the IndexedSlices (a
                 # segment sum per use) and computes on its values, all alive
-                # with the values (allocator trace of an Embedding under Adam)
+                # with the values (allocator trace of an Embedding under Adam).
+                # Beside a job that holds the other thread the update's ops
+                # run one at a time (optimizers.sparse_update_in_order): Adam
+                # densifies one moment and writes it before the next segment
+                # sum (allocator traces of a text CNN on TensorFlow's kernels:
+                # beside the convolution's filter gradient, the values with
+                # Square and one 14.6 MiB UnsortedSegmentSum, or with Sqrt_1
+                # and the other; never both sums and Square)
                 sparse_grads.discard(bid)
-                made = [sim.alloc(n, weight_layer[key], UPDATE)
-                        for n in sparse_update(nbytes, weight_bytes[key]) if n]
+                values, tables, in_order = sparse_update(nbytes, weight_bytes[key])
+                sizes = [*values, *tables]
+                if beside and in_order is not None:
+                    # its whole update, dense part included, one op at a time
+                    sizes, values_alive = in_order
+                    dense_done = True
+                    if not values_alive:
+                        sim.free(bid)
+                        bid = None
+                made = [sim.alloc(n, weight_layer[key], UPDATE) for n in sizes if n]
                 sim.check("update")
                 for b in made:
                     sim.free(b)
                 nbytes = weight_bytes[key]
-            ws_bytes = (final_update_workspace or update_workspace)(nbytes) if final \
-                else update_workspace(nbytes)
+            ws_bytes = 0 if dense_done else (
+                (final_update_workspace or update_workspace)(nbytes) if final
+                else update_workspace(nbytes))
             # (each of the update's temporaries is a tensor of its own)
             ws = (sim.alloc(ws_bytes, weight_layer[key], UPDATE, max(1, ws_bytes // nbytes))
                   if ws_bytes else None)
@@ -953,7 +975,8 @@ def simulate(
                     weight_buffer[key] = copy
                 else:
                     sim.free(copy)
-            sim.free(bid)
+            if bid is not None:
+                sim.free(bid)
             sim.point("update", weight_layer[key], "apply gradient")
 
         def settle(ts: Sequence[int]) -> None:
@@ -1190,7 +1213,7 @@ def simulate(
                     advance(clock)  # (a job ending hands on its gradients)
                     if not jobs or not queue:
                         break
-                run_update(*queue.popleft())
+                run_update(*queue.popleft(), beside=True)
         if times:
             clock = share(0.0, keep_waiting=0)  # both threads take the jobs left
         advance(INF)

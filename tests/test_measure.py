@@ -1174,8 +1174,10 @@ def test_an_update_runs_beside_the_last_filter_gradient():
     output channel the filter gradient is short, and the estimate does not
     hold the embedding's output at its peak (83.5 MiB; 83.7-83.8 measured in
     three processes); with 128 channels it outlasts the update in the
-    highest simulated order, whose peak holds it (102.6 MiB; 85.0-94.1
-    measured, 82.6 estimated before). Traced and estimated with oneDNN's
+    highest simulated order, whose peak holds it (94.0 MiB, the update's
+    ops run one at a time on the free thread; 85.0-94.1 measured; 102.6 with
+    its two segment sums and Square held together, 82.6 before the update
+    ran beside the job). Traced and estimated with oneDNN's
     kernels: TensorFlow's own give the filter gradient a column buffer (31.8
     MiB with one channel), at whose peak the update has not started (115.8
     MiB estimated, 113.8 measured in two processes)."""

@@ -256,3 +256,29 @@ def test_update_temporaries_are_tensors_of_their_own(monkeypatch):
     kernel = 1024 * 4096 * 4
     assert sizes.count(kernel) > 0
     assert not [n for n in sizes if n in (2 * kernel, 3 * kernel)], sorted(set(sizes))[-5:]
+
+
+def test_sparse_update_one_op_at_a_time():
+    """Beside a weight-gradient job only one executor thread runs the update
+    of an Embedding's IndexedSlices gradient (``schedule.simulate``), one op
+    at a time, last ready first (``optimizers.sparse_update_in_order``).
+    Adam's second moment (``Square`` of the values, its segment sum) is
+    densified and written first, then its square root waits for the first
+    moment, whose segment sum reads the values: at the highest, the values
+    and two table-sized buffers, never both segment sums with the squared
+    values that the update holds with both threads free. Allocator traces of
+    the zoo's text CNN (batch 64, TensorFlow's kernels) beside the
+    convolution's filter gradient: ``Sqrt_1`` and ``UnsortedSegmentSum``, or
+    before ``Sqrt_1`` ``Square`` and ``UnsortedSegmentSum_1``. SGD writes
+    its scaled values into the values and scatters them: nothing more."""
+    values, table = 3 * 2**20, 10 * 2**20
+    made, dense, _ = optimizers.sparse_update(keras.optimizers.Adam())
+    together = made * values + dense * table
+    alive, values_alive = optimizers.sparse_update_in_order(keras.optimizers.Adam(), values,
+                                                            table)
+    assert values_alive and sorted(alive) == [table, table]
+    assert sum(alive) < together
+    assert optimizers.sparse_update_in_order(keras.optimizers.SGD(), values, table) == ([], True)
+    # a loss-scale optimizer's update runs in a branch: not known
+    scaled = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam())
+    assert optimizers.sparse_update_in_order(scaled, values, table) is None
