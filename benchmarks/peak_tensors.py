@@ -5,8 +5,9 @@
 A fresh process (BFC allocator on the CPU, as ``measure()`` runs them) trains
 the zoo model; each step after the warm-up is profiled on its own, and the
 allocations of that step still alive when the allocator's count of bytes in
-use was highest are listed (64 KiB and more), with the count and the bytes
-those allocations requested.
+use was highest are listed (64 KiB and more; each with the bytes it
+requested and the chunk the allocator gave it), with the count and the bytes
+those allocations requested and took in chunks.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ model = getattr(zoo, name)()
 found = []
 def events(path):
     return [[kind == "MemoryAllocation", s.get("addr"), s.get("requested_bytes") or 0,
-             s.get("bytes_allocated") or 0, str(s.get("tf_op") or "")]
+             s.get("bytes_allocated") or 0, str(s.get("tf_op") or ""),
+             s.get("allocation_bytes") or 0]
             for kind, s in _xspace_events(path, ("MemoryAllocation", "MemoryDeallocation"))
             if str(s.get("allocator_name", "")).startswith("bfc_cpu")]
 run_steps(model, batch, optimizer=optimizer, loss=None, steps=steps, device="cpu",
@@ -37,21 +39,22 @@ print(json.dumps(found))
 """
 
 
-def at_peak(events: list[list]) -> tuple[int, str, list[tuple[int, str]]]:
+def at_peak(events: list[list]) -> tuple[int, str, list[tuple[int, int, str]]]:
     """One step's events (``[allocated?, address, requested, in use after,
-    op]``): the bytes in use at the peak, the op of the peak's event, and the
-    step's allocations alive there (requested bytes, op) in the order made."""
-    live: dict[int, tuple[int, str, int]] = {}
+    op, chunk]``): the bytes in use at the peak, the op of the peak's event,
+    and the step's allocations alive there (requested bytes, chunk bytes, op)
+    in the order made."""
+    live: dict[int, tuple[int, int, str, int]] = {}
     best: tuple[int, str, dict] = (-1, "", {})
-    for i, (allocated, addr, requested, in_use, op) in enumerate(events):
+    for i, (allocated, addr, requested, in_use, op, chunk) in enumerate(events):
         if allocated:
-            live[addr] = (requested, op, i)
+            live[addr] = (requested, chunk, op, i)
         else:
             live.pop(addr, None)
         if in_use > best[0]:
             best = (in_use, op, dict(live))
     in_use, op, alive = best
-    return in_use, op, [(r, o) for r, o, _ in sorted(alive.values(), key=lambda v: v[2])]
+    return in_use, op, [(r, c, o) for r, c, o, _ in sorted(alive.values(), key=lambda v: v[3])]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,10 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     for n, events in enumerate(json.loads(proc.stdout.strip().splitlines()[-1])):
         in_use, op, alive = at_peak(events)
         print(f"step {n}: {in_use / MIB:.2f} MiB in use at the peak ({op}); "
-              f"{sum(r for r, _ in alive) / MIB:.2f} MiB requested in the step alive there")
-        for requested, made_by in alive:
+              f"{sum(r for r, _, _ in alive) / MIB:.2f} MiB requested in the step alive "
+              f"there, in {sum(c for _, c, _ in alive) / MIB:.2f} MiB of chunks")
+        for requested, chunk, made_by in alive:
             if requested >= 64 * 1024:
-                print(f"  {requested / MIB:8.3f} MiB  {made_by}")
+                print(f"  {requested / MIB:8.3f} MiB  (chunk {chunk / MIB:8.3f})  {made_by}")
     return 0
 
 

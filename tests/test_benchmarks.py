@@ -81,9 +81,10 @@ def test_step_phases_split_a_step_at_its_last_forward_op():
 def test_peak_tensors_lists_what_is_alive_at_the_highest_count():
     from benchmarks.peak_tensors import at_peak
 
-    # [allocated?, address, requested, in use after, op]
-    events = [[True, 1, 100, 256, "a"], [True, 2, 300, 768, "b"], [False, 1, 0, 512, ""],
-              [True, 3, 50, 768, "c"], [True, 4, 10, 1024, "d"], [False, 2, 0, 512, ""]]
+    # [allocated?, address, requested, in use after, op, chunk]
+    events = [[True, 1, 100, 256, "a", 256], [True, 2, 300, 768, "b", 512],
+              [False, 1, 0, 512, "", 256], [True, 3, 50, 768, "c", 256],
+              [True, 4, 10, 1024, "d", 256], [False, 2, 0, 512, "", 512]]
     in_use, op, alive = at_peak(events)
     assert (in_use, op) == (1024, "d")
-    assert alive == [(300, "b"), (50, "c"), (10, "d")]
+    assert alive == [(300, 512, "b"), (50, 256, "c"), (10, 256, "d")]
