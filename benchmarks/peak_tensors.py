@@ -13,9 +13,6 @@ those allocations requested and took in chunks.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 
 MIB = 2**20
@@ -64,16 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--optimizer", default="adam")
     parser.add_argument("--steps", type=int, default=2, help="profiled steps")
     options = parser.parse_args(argv)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPP_MIN_LOG_LEVEL="3",
-               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-c", PROFILED_STEPS, options.model,
-                           str(options.batch), options.optimizer, str(options.steps)],
-                          capture_output=True, text=True, env=env, cwd=root)
-    if proc.returncode != 0:
-        print(proc.stderr[-2000:], file=sys.stderr)
+    from benchmarks.allocator_replay import record
+
+    try:
+        steps = record(PROFILED_STEPS, [options.model, str(options.batch), options.optimizer,
+                                        str(options.steps)])
+    except RuntimeError as err:  # the process's stderr
+        print(err, file=sys.stderr)
         return 1
-    for n, events in enumerate(json.loads(proc.stdout.strip().splitlines()[-1])):
+    for n, events in enumerate(steps):
         in_use, op, alive = at_peak(events)
         print(f"step {n}: {in_use / MIB:.2f} MiB in use at the peak ({op}); "
               f"{sum(r for r, _, _ in alive) / MIB:.2f} MiB requested in the step alive "

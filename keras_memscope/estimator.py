@@ -675,9 +675,13 @@ def _sparse_update(optimizer: Any, ops: Sequence[LayerOp]
             p.sparse_grad for op in ops for p in op.prims):
         return None, False
     made, dense, scatters = optimizers.sparse_update(optimizer)
-    return (lambda values, table: ([values] * made, [table] * dense,
-                                   optimizers.sparse_update_in_order(optimizer, values, table))
-            ), scatters
+    in_order: dict[tuple[int, int], Any] = {}  # (each simulated order asks again)
+
+    def allocations(values: int, table: int) -> tuple[Any, ...]:
+        if (values, table) not in in_order:
+            in_order[values, table] = optimizers.sparse_update_in_order(optimizer, values, table)
+        return [values] * made, [table] * dense, in_order[values, table]
+    return allocations, scatters
 
 
 def _prim_factors(sigma: float, rng: random.Random,

@@ -555,18 +555,18 @@ def sparse_update_in_order(optimizer: Any, values_bytes: int,
                            table_bytes: int) -> tuple[list[int], bool] | None:
     """The buffers an update of an IndexedSlices gradient (``values_bytes``
     of values for a ``table_bytes`` variable) holds at its highest, beyond
-    the values, when its ops run one at a time in the graph's order: as on
-    the one thread left beside a weight-gradient job. Adam's moments are
-    densified one after the other, each written into its moment before the
-    next segment sum, but the first moment's scaled copy waits for the
-    second's square root: two table-sized buffers, or one with the squared
+    the values, when its ops run one at a time in the order one executor
+    thread takes them (:func:`_last_ready_first`): as on the one thread left
+    beside a weight-gradient job; with whether the values are still alive
+    then. Adam's moments are densified one after the other, each written
+    into its moment before the next segment sum: the second moment first,
+    whose square root then waits for the first moment's segment sum and
+    scaled copy, so at most two table-sized buffers, or one with the squared
     values (allocator traces of a text CNN on TensorFlow's kernels: Adam's
     ``Sqrt_1`` and one ``UnsortedSegmentSum`` alive beside the
-    convolution's filter gradient, or ``Square`` and one), with whether the
-    values are still alive then. The ops run in the order one executor
-    thread takes them (:func:`_last_ready_first`). None where the update was
-    not traced, runs in a branch (a loss-scale optimizer's) or makes a
-    segment sum of no static shape."""
+    convolution's filter gradient, or ``Square`` and the other). None where
+    the update was not traced, runs in a branch (a loss-scale optimizer's)
+    or makes a segment sum of no static shape."""
     sparse_update(optimizer)  # traces the graph
     entry = _SPARSE_GRAPHS.get(_config_key(optimizer))
     if entry is None:
@@ -602,8 +602,6 @@ def _last_ready_first(ops: list[Any], source: str) -> list[Any]:
     ``source`` (a tensor) arrives: what does not wait for it first, in the
     graph's order (done before it comes); then, from it, each op's newly
     ready readers queued in the graph's order and run last in, first out."""
-    names = {op.name for op in ops}
-
     def sources(op: Any) -> list[str]:
         return list(dict.fromkeys([t.op.name for t in op.inputs]
                                   + [c.name for c in op.control_inputs]))
@@ -613,7 +611,7 @@ def _last_ready_first(ops: list[Any], source: str) -> list[Any]:
         if source in {t.name for t in op.outputs} or any(s in late for s in sources(op)):
             late.add(op.name)
     order = [op for op in ops if op.name not in late]
-    pending = {op.name: sum(1 for s in sources(op) if s in late and s in names)
+    pending = {op.name: sum(1 for s in sources(op) if s in late)
                for op in ops if op.name in late}
     readers: dict[str, list[Any]] = {}
     for op in ops:
