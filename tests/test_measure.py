@@ -790,9 +790,13 @@ y = tf.zeros((16, 64), "int32")
 def test_loss_on_logits_taken_as_probabilities():
     """What ``tfgraph.trace_loss`` models: logits trained with a sparse
     cross-entropy that takes them as probabilities (``measure``'s default for
-    an uncompiled model) are clipped (``Minimum`` then ``clip_by_value``, a
-    new tensor each), their logarithm taken, and the clip's two masks made
-    with the forward pass, in TensorFlow's profiled step. The loss keeps the
+    an uncompiled model) are clipped (``Minimum`` then ``clip_by_value``),
+    their logarithm taken, and the clip's two masks made with the forward
+    pass, in TensorFlow's profiled step. ``clip_by_value`` and ``Log`` each
+    allocate a new tensor; ``Minimum`` does too, unless the first mask
+    (``LessEqual``, on the logits) has finished reading the logits before it
+    starts: then it is written into them (which of the two happens is the
+    timing of the two threads, from process to process). The loss keeps the
     clipped values, the logarithm (the softmax's gradient is written into
     it) and the masks: 2.5 logits' worth, where the rules keep one. (The
     measured peaks of this step fall on 56.6 or 68-99 MiB from process to
@@ -801,7 +805,14 @@ def test_loss_on_logits_taken_as_probabilities():
     logits = 16 * 64 * 4000 * 4
     loss = Counter(op.rsplit("/", 1)[-1] for op, n in events
                    if "compile_loss/" in op and n == logits)
-    assert loss == {"Minimum": 1, "clip_by_value": 1, "Log": 1}, events
+    assert loss in ({"Minimum": 1, "clip_by_value": 1, "Log": 1},
+                    {"clip_by_value": 1, "Log": 1}), events
+    if "Minimum" not in loss:
+        order = [op for op, _ in events]
+        first_mask = next(i for i, op in enumerate(order) if op.endswith("LessEqual"))
+        clipped = next(i for i, op in enumerate(order)
+                       if op.endswith("sparse_categorical_crossentropy/clip_by_value"))
+        assert first_mask < clipped, events
     masks = [op for op, n in events if n == logits // 4]
     assert len(masks) == 2 and all(op.startswith("gradient_tape/") for op in masks), events
     model = _model_of(TOKENS)
