@@ -144,7 +144,9 @@ def naive_bytes(est) -> int:
             + outputs)
 
 
-def estimate_config(model: str, batch: int, opt: str, method: str) -> tuple[int, float]:
+def estimate_config(model: str, batch: int, opt: str, method: str) -> tuple[int, float, int]:
+    """The estimated peak, the seconds the estimate took, and the bytes it
+    holds between steps (``persistent_bytes``)."""
     import keras
 
     import keras_memscope as memscope
@@ -157,8 +159,8 @@ def estimate_config(model: str, batch: int, opt: str, method: str) -> tuple[int,
     est = memscope.estimate(m, batch, optimizer=opt, device="cpu",
                             method="rules" if method == "naive" else method)
     if method == "naive":
-        return naive_bytes(est), time.time() - t0
-    return est.peak_bytes, time.time() - t0
+        return naive_bytes(est), time.time() - t0, est.persistent_bytes
+    return est.peak_bytes, time.time() - t0, est.persistent_bytes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,12 +223,16 @@ def main(argv: list[str] | None = None) -> int:
         spread = max((max(r["step_peak_bytes"]) - min(r["step_peak_bytes"]))
                      / max(r["step_peak_bytes"]) for r in runs)
         steps = [peak for r in runs for peak in r["step_peak_bytes"]]
+        held = [r["persistent_bytes"] for r in runs]
         row = {"model": model, "batch": batch, "optimizer": opt,
                "measured_max": max(maxima), "measured_min": min(maxima),
-               "step_spread": spread, "step_min": min(steps), "step_max": max(steps)}
+               "step_spread": spread, "step_min": min(steps), "step_max": max(steps),
+               "held_min": min(held), "held_max": max(held)}
         for method in args.methods:
-            est, seconds = estimate_config(model, batch, opt, method)
+            est, seconds, persistent = estimate_config(model, batch, opt, method)
             row[method] = est
+            row[f"{method}_held"] = persistent
+            row[f"{method}_held_error"] = (persistent - min(held)) / min(held)
             row[f"{method}_error"] = (est - max(maxima)) / max(maxima)
             row[f"{method}_outside"] = outside(est, min(steps), max(steps))
             row[f"{method}_seconds"] = round(seconds, 2)
@@ -259,27 +265,37 @@ def summary(rows: list[dict], method: str) -> str:
     the range of every measured step."""
     errors = [abs(r[f"{method}_error"]) for r in rows]
     away = [abs(r[f"{method}_outside"]) for r in rows]
-    return (f"{method}: median |error| {statistics.median(errors):.1%}, "
+    held = [abs(r[f"{method}_held_error"]) for r in rows if f"{method}_held_error" in r]
+    text = (f"{method}: median |error| {statistics.median(errors):.1%}, "
             f"worst {max(errors):.1%} ({len(errors)} configurations); inside the "
             f"measured steps' range: {sum(a == 0 for a in away)}, "
             f"farthest outside {max(away):.1%}")
+    if held and method != "naive":
+        text += (f"; held between steps, against the lowest process: median |error| "
+                 f"{statistics.median(held):.1%}, worst {max(held):.1%}")
+    return text
 
 
 def markdown(rows: list[dict], methods: list[str]) -> str:
     mib = 1024**2
     head = ["model", "batch", "optimizer", "measured MiB (3 processes)", "step spread",
-            "measured steps MiB"]
+            "measured steps MiB", "held between steps MiB"]
     for m in methods:
         head += [f"{m} MiB", f"{m} error", f"{m} outside the steps"]
+        if m != "naive":
+            head.append(f"{m} held MiB")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["model"], str(r["batch"]), r["optimizer"],
                  f"{r['measured_min'] / mib:.1f} - {r['measured_max'] / mib:.1f}",
                  f"{r['step_spread']:.0%}",
-                 f"{r['step_min'] / mib:.1f} - {r['step_max'] / mib:.1f}"]
+                 f"{r['step_min'] / mib:.1f} - {r['step_max'] / mib:.1f}",
+                 f"{r['held_min'] / mib:.1f} - {r['held_max'] / mib:.1f}"]
         for m in methods:
             cells += [f"{r[m] / mib:.1f}", f"{r[f'{m}_error']:+.1%}",
                       "inside" if not r[f"{m}_outside"] else f"{r[f'{m}_outside']:+.1%}"]
+            if m != "naive":
+                cells.append(f"{r[f'{m}_held'] / mib:.1f}")
         lines.append("| " + " | ".join(cells) + " |")
     for m in methods:
         lines.append("")

@@ -6,6 +6,7 @@ schedule (the simulated step) -> an immutable estimate.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -150,6 +151,7 @@ def lower(graph: ModelGraph, ruleset: RuleSet, method: str = "rules",
 
     with using(ruleset):
         for call in graph.calls:
+            constants: tuple[tuple[str, int], ...] = ()
             outputs = []
             for t in call.outputs:
                 if t.id == -1:  # a call that returned its input: a fresh view
@@ -165,7 +167,7 @@ def lower(graph: ModelGraph, ruleset: RuleSet, method: str = "rules",
                 rule_names.append("tensorflow ops")
             elif (method == "graph" and call.layer is not None
                   and not isinstance(call.layer, overrides)):
-                from .tfgraph import traced_prims
+                from .tfgraph import traced_constants, traced_prims
 
                 try:
                     prims = traced_prims(call, xla_buffers=xla_buffers)
@@ -177,6 +179,8 @@ def lower(graph: ModelGraph, ruleset: RuleSet, method: str = "rules",
                     logger.warning("could not trace %s alone (%s); using its rule",
                                    call.name, exc)
                     prims = by_rule(call)
+                # (a loop's constants too: its graph was made before the rule took over)
+                constants = traced_constants(call)
             else:
                 prims = by_rule(call)
             ops.append(
@@ -191,6 +195,7 @@ def lower(graph: ModelGraph, ruleset: RuleSet, method: str = "rules",
                                  for p in prims),
                     weights=call.weights,
                     itemsize=dtype_bytes(call.outputs[0].dtype) if call.outputs else 4,
+                    constants=constants,
                 )
             )
     return ops, unsupported, rule_names
@@ -279,22 +284,29 @@ def _loss_specs(model: Any, outputs: list[Any], traced: bool) -> list[LossSpec]:
         if item is None:
             item = _default_loss(tuple(t.shape))
         name = _loss_name(item).lower()
-        if (not traced or keras.backend.backend() != "tensorflow"
-                or ("crossentropy" in name.replace("_", "")
-                    and _output_activation(model, i) in ("softmax", "sigmoid", ""))):
+        if not traced or keras.backend.backend() != "tensorflow":
             specs.append(default)
             continue
+        on_logits = ("crossentropy" in name.replace("_", "")
+                     and _output_activation(model, i) in ("softmax", "sigmoid", ""))
         try:
             fn = (keras.losses.deserialize(item) if isinstance(item, dict)
                   else keras.losses.get(item) if isinstance(item, str) else item)
             if not isinstance(fn, keras.losses.Loss):  # as compile() wraps a function
                 from keras.src.losses.losses import LossFunctionWrapper
 
-                fn = LossFunctionWrapper(fn)
+                fn = (LossFunctionWrapper(fn, from_logits=True) if on_logits
+                      else LossFunctionWrapper(fn))
+            elif on_logits:
+                fn = type(fn).from_config({**fn.get_config(), "from_logits": True})
             spec = tfgraph.trace_loss(fn, tuple(t.shape), t.dtype, "sparse" in name)
         except Exception as exc:  # a loss that cannot be traced alone
             logger.info("loss %s not traced (%s); one output-sized tensor assumed", name, exc)
             spec = default
+        if on_logits:
+            # the graph Keras runs (on the logits) gives the constants; what
+            # the step holds stays the one output-sized tensor
+            spec = dataclasses.replace(default, constants=spec.constants)
         specs.append(spec)
     return specs
 
@@ -585,6 +597,7 @@ def estimate(
         workspace_bytes=result.workspace_bytes,
         allocator_bytes=result.allocator_bytes,
         released_bytes=result.released_bytes,
+        constants_bytes=result.constants_bytes,
         overhead_bytes=profile.overhead_bytes,
         saved_activations_bytes=result.saved_activations_bytes,
         forward_macs=sum(r.forward_macs for r in records),

@@ -254,6 +254,9 @@ class LayerOp:
 
     ``inputs``/``outputs`` are global tensor ids; ``output_bytes`` the bytes of
     each output. The simulator maps ``"inN"``/``"outN"`` to them.
+    ``constants`` are ``(key, bytes)`` of the constants grappler folds the
+    call's forward and gradient ops into, held between steps (graph method:
+    ``tfgraph.folded_constants``; equal keys are one constant).
     """
 
     index: int
@@ -265,3 +268,4 @@ class LayerOp:
     prims: tuple[Prim, ...]
     weights: tuple[WeightUse, ...]
     itemsize: int = 4  # bytes per element of the call's outputs
+    constants: tuple[tuple[str, int], ...] = ()

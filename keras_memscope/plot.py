@@ -20,7 +20,7 @@ _COMPONENTS = [
     ("runtime (outside the allocator)", lambda e: e.overhead_bytes, "#b0b0b0"),
     ("weights", lambda e: e.weights_bytes, "#4c72b0"),
     ("optimizer state", lambda e: e.optimizer_bytes - e.released_bytes, "#55a868"),
-    ("input batch", lambda e: e.input_bytes, "#8172b2"),
+    ("input batch and constants", lambda e: e.input_bytes + e.constants_bytes, "#8172b2"),
     ("activations", lambda e: e.activations_bytes, "#dd8452"),
     ("gradients", lambda e: e.gradients_bytes, "#c44e52"),
     ("workspace + allocator chunks", lambda e: e.workspace_bytes + e.allocator_bytes, "#937860"),

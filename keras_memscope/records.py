@@ -143,11 +143,14 @@ class MemoryEstimate:
     The parts of the peak add up exactly::
 
         peak_bytes == weights_bytes + optimizer_bytes + input_bytes
-                      - released_bytes
+                      + constants_bytes - released_bytes
                       + activations_bytes + gradients_bytes + workspace_bytes
                       + allocator_bytes
 
-    where the first three are the ``persistent_bytes`` held between steps,
+    where the first four are the ``persistent_bytes`` held between steps
+    (``constants_bytes``: the constants TensorFlow's graph optimizer folds
+    the step's constant computations into, such as a loss gradient's zeros,
+    made when the step first runs),
     ``released_bytes`` the part of them no longer held at the peak (with
     gradient accumulation, the accumulators an update has already reset to
     zeros; else 0), the next three what the step has alive at its highest
@@ -201,6 +204,7 @@ class MemoryEstimate:
     possible_extra_bytes: int = 0
     released_bytes: int = 0
     history_peaks: tuple[int, ...] = ()
+    constants_bytes: int = 0
 
     @property
     def no_reuse_bytes(self) -> int:
@@ -218,8 +222,10 @@ class MemoryEstimate:
 
     @property
     def persistent_bytes(self) -> int:
-        """Held between steps: weights, optimizer state and the input batch."""
-        return self.weights_bytes + self.optimizer_bytes + self.input_bytes
+        """Held between steps: weights, optimizer state, the input batch and
+        the step's folded constants."""
+        return (self.weights_bytes + self.optimizer_bytes + self.input_bytes
+                + self.constants_bytes)
 
     @property
     def peak_bytes(self) -> int:

@@ -40,12 +40,15 @@ def layer_rows(est: MemoryEstimate) -> list[list[object]]:
 
 
 def totals_rows(est: MemoryEstimate) -> list[list[str]]:
+    constants = ([["folded constants", human_bytes(est.constants_bytes)]]
+                 if est.constants_bytes else [])
     released = ([["accumulators already reset at the peak", "-" + human_bytes(est.released_bytes)]]
                 if est.released_bytes else [])
     return [
         ["weights", human_bytes(est.weights_bytes)],
         ["optimizer state", human_bytes(est.optimizer_bytes)],
         ["input batch and labels", human_bytes(est.input_bytes)],
+        *constants,
         *released,
         ["activations (alive at peak)", human_bytes(est.activations_bytes)],
         ["gradients (alive at peak)", human_bytes(est.gradients_bytes)],

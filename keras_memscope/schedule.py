@@ -59,6 +59,9 @@ class LossSpec:
     #: the output's own buffer is taken by the tensor its gradient is written
     #: into (a cross-entropy on logits), where nothing else reads the output
     output_reused: bool = False
+    #: ``(key, bytes)`` of the constants grappler folds the loss's graph into,
+    #: held between steps (``tfgraph.folded_constants``)
+    constants: tuple[tuple[str, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +116,18 @@ class StepResult:
     #: of ``baseline_bytes``, what is not held at the peak (accumulators reset
     #: to their zeros constant before it)
     released_bytes: int = 0
+    #: grappler's folded constants held between steps (in ``baseline_bytes``)
+    constants_bytes: int = 0
+
+
+def folded_constants(ops: Sequence[LayerOp], losses: Sequence[LossSpec]) -> dict[str, int]:
+    """The bytes of each distinct folded constant of the layer calls and the
+    losses, in the order first met (``LayerOp.constants``, ``LossSpec.constants``)."""
+    found: dict[str, int] = {}
+    for key, nbytes in (*(c for op in ops for c in op.constants),
+                        *(c for loss in losses for c in loss.constants)):
+        found.setdefault(key, nbytes)
+    return found
 
 
 @dataclasses.dataclass
@@ -703,8 +718,15 @@ def simulate(
             zeros.add((share_key, nbytes))
             sim.alloc(nbytes, "accumulator reset (zeros)", PERSISTENT)
     zeros_bytes = sum(round_up(nbytes) for _, nbytes in zeros)
+    # grappler's folded constants, made when the step's function first runs
+    # (each distinct one once: equal constants are merged)
+    constants = folded_constants(ops, losses)
+    for nbytes in constants.values():
+        sim.alloc(nbytes, "constants", PERSISTENT)
+    constants_bytes = sum(round_up(nbytes) for nbytes in constants.values())
     baseline = (sum(round_up(item[1]) for item in persistent)
-                + sum(round_up(nbytes) for _, nbytes, *_ in slots) + zeros_bytes)
+                + sum(round_up(nbytes) for _, nbytes, *_ in slots) + zeros_bytes
+                + constants_bytes)
     layer_saved: dict[int, int] = defaultdict(int)
     layer_workspace: dict[int, int] = defaultdict(int)
     saved_total = 0
@@ -1277,6 +1299,7 @@ def simulate(
         costs=tuple(costs),
         allocated_bytes=allocated,
         accumulator_zeros_bytes=zeros_bytes,
+        constants_bytes=constants_bytes,
         copied_weights=frozenset(copy_on_write),
     )
 

@@ -22,8 +22,8 @@ def test_summary_from_module_function_as_json(capsys):
     assert data["params"] == 131_410
     assert data["method"] == "graph"  # the default on TensorFlow
     assert data["peak_bytes"] == sum(data[k] for k in (
-        "weights_bytes", "optimizer_bytes", "input_bytes", "activations_bytes",
-        "gradients_bytes", "workspace_bytes", "allocator_bytes"))
+        "weights_bytes", "optimizer_bytes", "input_bytes", "constants_bytes",
+        "activations_bytes", "gradients_bytes", "workspace_bytes", "allocator_bytes"))
 
 
 def test_summary_with_the_rules_method(capsys):

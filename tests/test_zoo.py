@@ -15,8 +15,9 @@ def check_invariants(model, est):
     assert sum(r.params for r in est.layers) == est.params
     assert sum(r.trainable_params for r in est.layers) == est.trainable_params
     assert sum(r.activation_bytes for r in est.layers) <= est.saved_activations_bytes
-    parts = (est.weights_bytes + est.optimizer_bytes + est.input_bytes + est.activations_bytes
-             + est.gradients_bytes + est.workspace_bytes + est.allocator_bytes)
+    parts = (est.weights_bytes + est.optimizer_bytes + est.input_bytes + est.constants_bytes
+             + est.activations_bytes + est.gradients_bytes + est.workspace_bytes
+             + est.allocator_bytes)
     assert parts == est.peak_bytes
     assert est.peak_bytes >= est.persistent_bytes
     assert max(p.high_bytes for p in est.timeline) == est.peak_bytes
