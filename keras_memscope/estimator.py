@@ -165,6 +165,8 @@ def lower(graph: ModelGraph, ruleset: RuleSet, method: str = "rules",
             elif call.glue:
                 prims = glue_rule(call)
                 rule_names.append("tensorflow ops")
+                if method == "graph":
+                    constants = call.constants
             elif (method == "graph" and call.layer is not None
                   and not isinstance(call.layer, overrides)):
                 from .tfgraph import traced_constants, traced_prims

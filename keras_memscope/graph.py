@@ -47,7 +47,10 @@ class CallRecord:
 
     ``layer`` is the Keras object (untyped on purpose: it stays inside
     ``graph.py`` and ``rules/``). ``glue`` calls stand for TensorFlow code between
-    recorded calls; ``tf_ops`` then names the op types they ran.
+    recorded calls; ``tf_ops`` then names the op types they ran, and
+    ``constants`` the ``(key, bytes)`` of what grappler folds of them into
+    constants held between steps (``tfgraph.folded_constants``: an
+    attention's causal mask).
     """
 
     index: int
@@ -63,6 +66,7 @@ class CallRecord:
     tf_ops: tuple[str, ...] = ()
     args: tuple[Any, ...] = ()
     input_names: tuple[str, ...] = ()
+    constants: tuple[tuple[str, int], ...] = ()
 
     @property
     def params(self) -> int:
@@ -428,8 +432,11 @@ class _Tracer:
 
     def add_glue(self, t: Any, path: str) -> None:
         """Record the TensorFlow ops that made ``t`` from recorded tensors."""
+        from .tfgraph import folded_constants
+
         sources: list[Any] = []
         op_types: list[str] = []
+        ran: dict[str, Any] = {}
         seen: set[str] = set()
         stack = [t]
         while stack:
@@ -442,6 +449,7 @@ class _Tracer:
                 continue
             tf_op = cur.op
             op_types.append(tf_op.type)
+            ran[tf_op.name] = tf_op
             if tf_op.type in ("Placeholder", "ReadVariableOp", "Const", "VarHandleOp"):
                 continue
             stack.extend(tf_op.inputs)
@@ -463,6 +471,8 @@ class _Tracer:
                 weights=(),
                 glue=True,
                 tf_ops=tuple(dict.fromkeys(op_types)),
+                # (ops are made in order: their ids are a topological order)
+                constants=folded_constants(sorted(ran.values(), key=lambda o: o._id), (t,)),
             )
         )
 

@@ -83,3 +83,17 @@ def test_loss_gradient_zeros_held_between_steps(method):
     printed = []
     memscope.summary(model, 16, optimizer="sgd", device="cpu", print_fn=printed.append)
     assert "folded constants" in printed[0]
+
+
+def test_a_causal_mask_between_sublayer_calls_is_one_constant():
+    """GroupQueryAttention calls its projections as layers; its causal mask
+    is TensorFlow code between them (a glue call), made of the static shapes
+    alone: one boolean constant of batch x heads x queries x keys (the token
+    model's processes hold it between steps, 16 x 8 x 128 x 128 bytes)."""
+    inputs = keras.Input((16, 32))
+    h = layers.GroupQueryAttention(8, 4, 2)(inputs, inputs, use_causal_mask=True)
+    model = keras.Model(inputs, layers.Dense(3)(layers.GlobalAveragePooling1D()(h)))
+    est = memscope.estimate(model, 4, optimizer="sgd", device="cpu")
+    rules = memscope.estimate(model, 4, optimizer="sgd", device="cpu", method="rules")
+    assert est.constants_bytes == 4 * 4 * 16 * 16  # bool: a byte each
+    assert rules.constants_bytes == 0
