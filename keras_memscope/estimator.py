@@ -313,6 +313,26 @@ def _loss_specs(model: Any, outputs: list[Any], traced: bool) -> list[LossSpec]:
     return specs
 
 
+#: folded constants from this size on get a note saying where the largest is
+_CONSTANTS_NOTE_BYTES = 1 << 20
+
+
+def _constants_note(ops: Sequence[LayerOp], losses: Sequence[LossSpec], total: int) -> str:
+    """Where the largest of the step's folded constants comes from."""
+    seen: set[str] = set()
+    largest = (0, "")
+    for where, constants in (*((op.name, op.constants) for op in ops),
+                             *(("the loss's gradient", loss.constants) for loss in losses)):
+        for key, nbytes in constants:
+            if key not in seen:
+                seen.add(key)
+                largest = max(largest, (nbytes, where))
+    nbytes, where = largest
+    return (f"{human_bytes(total)} of folded constants held between steps: TensorFlow's "
+            f"graph optimizer computes the parts of the step made of constants and static "
+            f"shapes once and keeps them; the largest, {human_bytes(nbytes)}, is in {where}")
+
+
 def _policy_name(model: Any) -> str:
     policy = getattr(model, "dtype_policy", None)
     return getattr(policy, "name", None) or str(getattr(model, "dtype", "float32"))
@@ -547,6 +567,8 @@ def estimate(
                 f"simulated orders (op times spread as measured) the step peaks at "
                 f"{human_bytes(min(history_peaks))} to {human_bytes(max(history_peaks))}; "
                 f"the estimate is the highest (history_peaks)")
+    if result.constants_bytes >= _CONSTANTS_NOTE_BYTES:
+        notes.append(_constants_note(ops, losses, result.constants_bytes))
     if result.accumulator_zeros_bytes:
         notes.append(
             f"gradient accumulation over {state.accumulation_steps} steps: an updating step "

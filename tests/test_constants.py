@@ -73,6 +73,8 @@ def test_loss_gradient_zeros_held_between_steps(method):
         assert est.constants_bytes == 0  # nothing traced
         return
     assert est.constants_bytes >= 16 * 32 * 1000 * 4
+    # (2 MiB: the note says where the largest is)
+    assert any("folded constants" in n and "the loss's gradient" in n for n in est.notes)
     assert est.persistent_bytes == (est.weights_bytes + est.optimizer_bytes
                                     + est.input_bytes + est.constants_bytes)
     measured = [memscope.measure(model, 16, optimizer="sgd", steps=2, device="cpu")
