@@ -21,7 +21,7 @@ from .ir import LayerOp, Prim, WeightUse, with_upcast
 from .records import LayerRecord, MemoryEstimate
 from .rules import DEFAULT_RULES, Builder, Rule, RuleSet, category_of, using
 from .rules.core import fallback
-from .schedule import LossSpec, simulate
+from .schedule import LossSpec, folded_constants, simulate
 from .units import dtype_bytes, human_bytes, round_up
 
 logger = logging.getLogger(__name__)
@@ -319,15 +319,7 @@ _CONSTANTS_NOTE_BYTES = 1 << 20
 
 def _constants_note(ops: Sequence[LayerOp], losses: Sequence[LossSpec], total: int) -> str:
     """Where the largest of the step's folded constants comes from."""
-    seen: set[str] = set()
-    largest = (0, "")
-    for where, constants in (*((op.name, op.constants) for op in ops),
-                             *(("the loss's gradient", loss.constants) for loss in losses)):
-        for key, nbytes in constants:
-            if key not in seen:
-                seen.add(key)
-                largest = max(largest, (nbytes, where))
-    nbytes, where = largest
+    nbytes, where = max(folded_constants(ops, losses).values())
     return (f"{human_bytes(total)} of folded constants held between steps: TensorFlow's "
             f"graph optimizer computes the parts of the step made of constants and static "
             f"shapes once and keeps them; the largest, {human_bytes(nbytes)}, is in {where}")

@@ -120,13 +120,16 @@ class StepResult:
     constants_bytes: int = 0
 
 
-def folded_constants(ops: Sequence[LayerOp], losses: Sequence[LossSpec]) -> dict[str, int]:
-    """The bytes of each distinct folded constant of the layer calls and the
-    losses, in the order first met (``LayerOp.constants``, ``LossSpec.constants``)."""
-    found: dict[str, int] = {}
-    for key, nbytes in (*(c for op in ops for c in op.constants),
-                        *(c for loss in losses for c in loss.constants)):
-        found.setdefault(key, nbytes)
+def folded_constants(ops: Sequence[LayerOp],
+                     losses: Sequence[LossSpec]) -> dict[str, tuple[int, str]]:
+    """Each distinct folded constant of the layer calls and the losses, in the
+    order first met (``LayerOp.constants``, ``LossSpec.constants``): its
+    bytes and where it was met (the call's name, or "the loss's gradient")."""
+    found: dict[str, tuple[int, str]] = {}
+    for where, constants in (*((op.name, op.constants) for op in ops),
+                             *(("the loss's gradient", loss.constants) for loss in losses)):
+        for key, nbytes in constants:
+            found.setdefault(key, (nbytes, where))
     return found
 
 
@@ -720,10 +723,10 @@ def simulate(
     zeros_bytes = sum(round_up(nbytes) for _, nbytes in zeros)
     # grappler's folded constants, made when the step's function first runs
     # (each distinct one once: equal constants are merged)
-    constants = folded_constants(ops, losses)
-    for nbytes in constants.values():
+    constants = [nbytes for nbytes, _ in folded_constants(ops, losses).values()]
+    for nbytes in constants:
         sim.alloc(nbytes, "constants", PERSISTENT)
-    constants_bytes = sum(round_up(nbytes) for nbytes in constants.values())
+    constants_bytes = sum(round_up(nbytes) for nbytes in constants)
     baseline = (sum(round_up(item[1]) for item in persistent)
                 + sum(round_up(nbytes) for _, nbytes, *_ in slots) + zeros_bytes
                 + constants_bytes)

@@ -89,9 +89,9 @@ _CONSTANTS: dict[str, tuple[tuple[str, int], ...]] = {}
 FOLD_LIMIT_BYTES = 10 * 1024 * 1024
 #: Folded constants smaller than this (shapes, scalars, axes) are not counted.
 CONSTANT_FLOOR_BYTES = 1024
-#: Ops that read only their inputs' shapes, which are constants when static.
-_READS_SHAPE = {"Shape", "ShapeN", "Size", "Rank", "ZerosLike", "OnesLike",
-                "BroadcastGradientArgs"}
+#: Ops that read only their inputs' shapes, which are constants when static
+#: (a tensor list's element shape is not its static shape).
+_READS_SHAPE = SHAPE_ONLY_OPS - {"TensorListElementShape"}
 #: Ops whose result is one repeated value when their data inputs are.
 _KEEPS_SPLAT = {"Cast", "Neg", "Reciprocal", "Mul", "RealDiv", "Div", "DivNoNan", "AddV2",
                 "Add", "Sub", "Maximum", "Minimum", "BroadcastTo", "Tile", "Reshape",
@@ -163,14 +163,19 @@ def folded_constants(ops: Sequence[Any], results: Sequence[Any] = (),
     (allocator traces of an LSTM's and a GRU's steps: their kernel-shaped
     zeros are not alive between steps, the forward loop's zero initial
     states are)."""
-    splat, key = _constants(ops)
-    by_name = {t.name: t for op in ops for t in op.outputs}
+    return _fold(ops, *_constants(ops), results, gradient_loops)
+
+
+def _fold(ops: Sequence[Any], splat: dict[str, bool], key: dict[str, str],
+          results: Sequence[Any] = (), gradient_loops: Collection[str] = ()
+          ) -> tuple[tuple[str, int], ...]:
+    """:func:`folded_constants` from ``ops``' constant tensors (``_constants``)."""
     frontier: list[Any] = []
     for op in ops:
         if all(t.name in key for t in op.outputs) or op.name in gradient_loops:
             continue  # a constant computation: folded with its inputs
         frontier.extend(t for t in op.inputs if t.name in key)
-    frontier.extend(by_name[t.name] for t in results if t.name in key)
+    frontier.extend(t for t in results if t.name in key)
     found: dict[str, int] = {}
     seen: set[str] = set()
     while frontier:
@@ -1294,10 +1299,11 @@ def trace_loss(fn: Any, shape: tuple[int, ...], dtype: str, sparse: bool) -> Any
     forward, backward = _hoist_ready(ops[:split], ops[split:])
     pred = next(op.outputs[0] for op in ops if op.type == "Placeholder"
                 and op.outputs[0].dtype.is_floating and tuple(op.outputs[0].shape) == shape)
-    constants = folded_constants(ops, graph.outputs)
+    splat, constant = _constants(ops)
     spec = _loss_liveness(forward, backward, graph.outputs[0], pred,
-                          functools.partial(LossSpec, constants=constants),
-                          set(_constants(ops)[1]))
+                          functools.partial(LossSpec, constants=_fold(ops, splat, constant,
+                                                                       graph.outputs)),
+                          set(constant))
     _LOSS_CACHE[key] = spec
     return spec
 
@@ -1334,8 +1340,10 @@ _XENT_OPS = {"SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogi
 def _loss_liveness(forward: list[Any], backward: list[Any], gradient: Any, pred: Any,
                    make: Any, constant: set[str] = frozenset()) -> Any:
     """What the loss's ops hold as they run (see :func:`trace_loss`); the
-    tensors named in ``constant`` are grappler's folded constants, computed
-    before the step (``folded_constants``)."""
+    tensors named in ``constant`` are computed from constants and static
+    shapes alone, which grappler folds before the step (``folded_constants``),
+    and allocate nothing in it (one too large to fold, computed at every
+    step, is taken as folded too)."""
     from .units import round_up
 
     base: dict[str, str] = {}  # a view's tensor -> the tensor owning its buffer
