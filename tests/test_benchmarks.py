@@ -88,3 +88,23 @@ def test_peak_tensors_lists_what_is_alive_at_the_highest_count():
     in_use, op, alive = at_peak(events)
     assert (in_use, op) == (1024, "d")
     assert alive == [(300, 512, "b"), (50, 256, "c"), (10, 256, "d")]
+
+
+def test_allocation_trace_of_an_estimate_pairs_every_free(capsys):
+    from benchmarks.allocation_trace import simulated_events
+    from keras_memscope import allocator
+
+    alloc = allocator.BFCModel.alloc
+    events = simulated_events("tests.models:seed_mlp", 32, "adam")
+    assert allocator.BFCModel.alloc is alloc  # put back
+    assert "estimate:" in capsys.readouterr().out
+    live: dict[tuple[str, int], tuple[int, int]] = {}
+    for allocated, handle, requested, chunk, run in events:
+        if allocated:
+            assert (run, handle) not in live and chunk >= requested > 0
+            live[run, handle] = (requested, chunk)
+        else:
+            assert live.pop((run, handle)) == (requested, chunk)
+    # the weights, the batch and the optimizer's state are never freed
+    kept = sum(c for (run, _), (_, c) in live.items() if run == "simulation 0")
+    assert kept >= 3 * 131_410 * 4

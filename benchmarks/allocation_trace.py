@@ -1,0 +1,140 @@
+"""Every allocation of a training run, real or simulated, in order.
+
+    python -m benchmarks.allocation_trace --model selunet --batch 512 --optimizer adamw
+    python -m benchmarks.allocation_trace --model selunet --batch 512 --optimizer adamw \
+        --source estimate
+
+``--source real`` (the default): a fresh process with TensorFlow's BFC
+allocator on the CPU builds the model (``benchmarks/zoo.py``, or
+``module:function``) and trains it as ``measure()`` does (one warm-up step
+and ``--steps`` more) under the profiler; every allocation and
+deallocation of the CPU allocator is printed from before the first weight
+is drawn, with the bytes requested, the chunk the allocator gave, the
+chunk's address, the bytes in use after it and the op that made it.
+
+``--source estimate``: the same model's graph estimate in this process,
+with every allocation and free of its simulated allocators
+(``keras_memscope.allocator.BFCModel``), one per simulated order of the
+step (``simulation 0`` the nominal order): the weights as the model is
+built, the batch, the optimizer's state, then the warm-up step and the
+measured one.
+
+Allocations under ``--min-kib`` (and their frees) are left out; 0 prints all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+MIB = 2**20
+
+PROFILED_RUN = r"""
+import glob, json, sys, tempfile, importlib
+import tensorflow as tf
+from keras_memscope.measure import _xspace_events, run_steps
+name, batch, optimizer, steps = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+module, _, func = name.rpartition(":")
+logdir = tempfile.mkdtemp()
+tf.profiler.experimental.start(logdir)
+model = getattr(importlib.import_module(module or "benchmarks.zoo"), func)()
+run_steps(model, batch, optimizer=optimizer, loss=None, steps=steps, device="cpu")
+tf.profiler.experimental.stop()
+path = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)[0]
+events = [[kind == "MemoryAllocation", s.get("addr"), s.get("requested_bytes") or 0,
+           s.get("allocation_bytes") or 0, str(s.get("tf_op") or "")]
+          for kind, s in _xspace_events(path, ("MemoryAllocation", "MemoryDeallocation"))
+          if str(s.get("allocator_name", "")).startswith("bfc_cpu")]
+print(json.dumps(events))
+"""
+
+
+def real_events(model: str, batch: int, optimizer: str, steps: int) -> list[tuple]:
+    """``(allocated?, address, requested, chunk, op)`` of every event of the
+    CPU allocator in a fresh process (a free carries its allocation's
+    sizes and op)."""
+    from benchmarks.allocator_replay import record
+
+    raw = record(PROFILED_RUN, [model, str(batch), optimizer, str(steps)])
+    live: dict[int, tuple[int, int, str]] = {}
+    out = []
+    for allocated, addr, requested, chunk, op in raw:
+        if allocated:
+            live[addr] = (requested, chunk, op)
+            out.append((True, addr, requested, chunk, op))
+        elif addr in live:
+            out.append((False, addr, *live.pop(addr)))
+    return out
+
+
+def simulated_events(model: str, batch: int, optimizer: str) -> list[tuple]:
+    """The same events from the estimate's simulated allocators, each event
+    named by the simulation it belongs to (the step's, and where the
+    estimate runs another, such as a recurrent loop's worst case, that one)."""
+    import keras_memscope as memscope
+    from keras_memscope import allocator
+
+    module, _, func = model.rpartition(":")
+    built = getattr(importlib.import_module(module or "benchmarks.zoo"), func)()
+    out: list[tuple] = []
+    sizes: dict[tuple[int, int], tuple[int, int]] = {}
+    runs: dict[int, int] = {}  # each simulated allocator, numbered as it is first used
+    alloc, free = allocator.BFCModel.alloc, allocator.BFCModel.free
+
+    def traced_alloc(self: allocator.BFCModel, nbytes: int) -> tuple[int, int]:
+        handle, chunk = alloc(self, nbytes)
+        run = runs.setdefault(id(self), len(runs))
+        sizes[run, handle] = (nbytes, chunk)
+        out.append((True, handle, nbytes, chunk, f"simulation {run}"))
+        return handle, chunk
+
+    def traced_free(self: allocator.BFCModel, handle: int) -> None:
+        free(self, handle)
+        run = runs[id(self)]
+        out.append((False, handle, *sizes.pop((run, handle)), f"simulation {run}"))
+
+    allocator.BFCModel.alloc, allocator.BFCModel.free = traced_alloc, traced_free
+    try:
+        est = memscope.estimate(built, batch, optimizer=optimizer, device="cpu",
+                                method="graph")
+    finally:
+        allocator.BFCModel.alloc, allocator.BFCModel.free = alloc, free
+    print(f"estimate: {est.peak_bytes / MIB:.2f} MiB; simulated orders "
+          + ", ".join(f"{p / MIB:.1f}" for p in est.history_peaks))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True,
+                        help="a function of benchmarks.zoo, or module:function")
+    parser.add_argument("--batch", type=int, required=True)
+    parser.add_argument("--optimizer", default="adam")
+    parser.add_argument("--steps", type=int, default=1, help="steps after the warm-up (real)")
+    parser.add_argument("--source", choices=("real", "estimate"), default="real")
+    parser.add_argument("--min-kib", type=float, default=64,
+                        help="leave out allocations smaller than this (KiB)")
+    options = parser.parse_args(argv)
+    try:
+        if options.source == "real":
+            events = real_events(options.model, options.batch, options.optimizer,
+                                 options.steps)
+        else:
+            events = simulated_events(options.model, options.batch, options.optimizer)
+    except (RuntimeError, AttributeError, ImportError, ValueError) as err:
+        lines = str(err).strip().splitlines() or [type(err).__name__]
+        print(f"allocation_trace: {lines[-1]}", file=sys.stderr)
+        return 1
+    in_use: dict[str, int] = {}  # by simulation (one for a real run)
+    for allocated, addr, requested, chunk, op in events:
+        run = op if options.source == "estimate" else ""
+        in_use[run] = in_use.get(run, 0) + (chunk if allocated else -chunk)
+        if requested >= options.min_kib * 1024:
+            print(f"{'+' if allocated else '-'} {requested / MIB:9.4f} MiB (chunk "
+                  f"{chunk / MIB:9.4f}) @{addr:x}  in use {in_use[run] / MIB:9.3f}  {op}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
