@@ -10,10 +10,20 @@ over another is taken, and the spread of those logs around their mean,
 divided by sqrt(2), is one op's log-normal sigma. The same spread is also
 given for ops by their duration (below 1 ms, 1-4 ms, 4 ms and over: the
 mean of the two steps), to show whether long ops vary as much as short
-ones; ``--model`` profiles another zoo model instead.
+ones; ``--model`` profiles another zoo model (or ``module:function``)
+instead.
+
+The two gradients of one layer (a convolution's input and filter
+gradients, a matmul's ``MatMul`` and ``MatMul_1`` under
+``gradient_tape``) start together; the simulated orders scale their
+durations by independent factors, so the log of their ratio spreads by
+sqrt(2) x sigma from one order to another. The same spread is given over
+the profiled steps, each layer's (its median ratio and the ratio in each
+step for the eight that spread most) and their median.
 
     python -m benchmarks.op_time_spread [--batch 16] [--steps 3]
     python -m benchmarks.op_time_spread --model transformer --batch 16
+    python -m benchmarks.op_time_spread --model tests.models:gated_mlp --batch 512 --steps 8
 """
 
 from __future__ import annotations
@@ -36,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="resnet50", help="a builder of benchmarks.zoo")
     args = parser.parse_args(argv)
 
+    import importlib
+
     import numpy as np
     import tensorflow as tf
 
@@ -43,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from . import zoo
 
-    model = getattr(zoo, args.model)()
+    module, _, func = args.model.rpartition(":")
+    model = getattr(importlib.import_module(module) if module else zoo, func)()
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     x = tf.constant(np.random.rand(args.batch, *model.inputs[0].shape[1:]).astype("float32"))
     y = tf.constant(np.zeros((args.batch,), dtype="int32"))
@@ -69,7 +82,36 @@ def main(argv: list[str] | None = None) -> int:
         print(f"steps {a + 1} and {b + 1}: one op's sigma {sigma:.2f} "
               f"(median duration ratio {math.exp(statistics.median(logs)):.2f}); "
               + ", ".join(parts))
+    pairs = gradient_pairs(steps)
+    spreads = []
+    for i, w in pairs:
+        logs = [math.log(s[w] / s[i]) for s in steps]
+        spreads.append((statistics.pstdev(logs), math.exp(statistics.median(logs)), w, logs))
+    if spreads:
+        print(f"{len(pairs)} layers with both gradients over 0.2 ms in every step; the log of "
+              f"their weight/input duration ratio spreads over the steps by (median over "
+              f"layers) {statistics.median(x[0] for x in spreads):.2f} (the simulated "
+              f"orders': sqrt(2) x sigma)")
+    for spread, ratio, w, logs in sorted(spreads, key=lambda x: -x[0])[:8]:
+        print(f"  {w.rsplit('/', 3)[-3]}: median ratio {ratio:.2f}, spread {spread:.2f} "
+              f"({' '.join(f'{math.exp(x):.2f}' for x in logs)})")
     return 0
+
+
+def gradient_pairs(steps: list[dict[str, float]]) -> list[tuple[str, str]]:
+    """The (input gradient, weight gradient) op names of each layer whose
+    two gradient ops took over 0.2 ms in every profiled step."""
+    found = []
+    for name in steps[0]:
+        if name.endswith("Conv2DBackpropInput"):
+            other = name[: -len("Input")] + "Filter"
+        elif name.startswith("gradient_tape/") and name.endswith("/MatMul/MatMul"):
+            other = name + "_1"
+        else:
+            continue
+        if all(s.get(name, 0.0) > 2e-4 and s.get(other, 0.0) > 2e-4 for s in steps):
+            found.append((name, other))
+    return found
 
 
 if __name__ == "__main__":
