@@ -108,3 +108,17 @@ def test_allocation_trace_of_an_estimate_pairs_every_free(capsys):
     # the weights, the batch and the optimizer's state are never freed
     kept = sum(c for (run, _), (_, c) in live.items() if run == "simulation 0")
     assert kept >= 3 * 131_410 * 4
+
+
+def test_gradient_pairs_are_a_layers_input_and_weight_gradients():
+    from benchmarks.op_time_spread import gradient_pairs
+
+    tape = "gradient_tape/m/"
+    step = {tape + "c/convolution/Conv2DBackpropInput": 1e-3,
+            tape + "c/convolution/Conv2DBackpropFilter": 2e-3,
+            tape + "d/MatMul/MatMul": 1e-3, tape + "d/MatMul/MatMul_1": 5e-4,
+            tape + "e/MatMul/MatMul": 1e-3, tape + "e/MatMul/MatMul_1": 1e-4,  # too short
+            "m/f/MatMul/MatMul": 1e-3, "m/f/MatMul/MatMul_1": 1e-3}  # not a gradient
+    assert gradient_pairs([step, step]) == [
+        (tape + "c/convolution/Conv2DBackpropInput", tape + "c/convolution/Conv2DBackpropFilter"),
+        (tape + "d/MatMul/MatMul", tape + "d/MatMul/MatMul_1")]
