@@ -35,11 +35,12 @@ import os
 import statistics
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
-
 
 def main(argv: list[str] | None = None) -> int:
+    # (here, not on import: a process that imports this module for its
+    # functions keeps its own allocator setting)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--steps", type=int, default=3)

@@ -111,7 +111,13 @@ def test_allocation_trace_of_an_estimate_pairs_every_free(capsys):
 
 
 def test_gradient_pairs_are_a_layers_input_and_weight_gradients():
+    import os
+
+    before = os.environ.get("TF_CPU_ALLOCATOR_USE_BFC")
     from benchmarks.op_time_spread import gradient_pairs
+
+    # importing it leaves this process's allocator setting (measure() reads it)
+    assert os.environ.get("TF_CPU_ALLOCATOR_USE_BFC") == before
 
     tape = "gradient_tape/m/"
     step = {tape + "c/convolution/Conv2DBackpropInput": 1e-3,
