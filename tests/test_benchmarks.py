@@ -128,3 +128,12 @@ def test_gradient_pairs_are_a_layers_input_and_weight_gradients():
     assert gradient_pairs([step, step]) == [
         (tape + "c/convolution/Conv2DBackpropInput", tape + "c/convolution/Conv2DBackpropFilter"),
         (tape + "d/MatMul/MatMul", tape + "d/MatMul/MatMul_1")]
+
+
+def test_typical_peak_is_the_middle_simulated_order():
+    from types import SimpleNamespace
+
+    from benchmarks.remedies import typical_peak
+
+    assert typical_peak(SimpleNamespace(history_peaks=(5, 1, 9), peak_bytes=9)) == 5
+    assert typical_peak(SimpleNamespace(history_peaks=(), peak_bytes=7)) == 7
