@@ -25,20 +25,19 @@ Allocations under ``--min-kib`` (and their frees) are left out; 0 prints all.
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
 MIB = 2**20
 
 PROFILED_RUN = r"""
-import glob, json, sys, tempfile, importlib
+import glob, json, sys, tempfile
 import tensorflow as tf
 from keras_memscope.measure import _xspace_events, run_steps
+from benchmarks.zoo import named
 name, batch, optimizer, steps = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-module, _, func = name.rpartition(":")
 logdir = tempfile.mkdtemp()
 tf.profiler.experimental.start(logdir)
-model = getattr(importlib.import_module(module or "benchmarks.zoo"), func)()
+model = named(name)
 run_steps(model, batch, optimizer=optimizer, loss=None, steps=steps, device="cpu")
 tf.profiler.experimental.stop()
 path = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)[0]
@@ -73,10 +72,10 @@ def simulated_events(model: str, batch: int, optimizer: str) -> list[tuple]:
     named by the simulation it belongs to (the step's, and where the
     estimate runs another, such as a recurrent loop's worst case, that one)."""
     import keras_memscope as memscope
+    from benchmarks.zoo import named
     from keras_memscope import allocator
 
-    module, _, func = model.rpartition(":")
-    built = getattr(importlib.import_module(module or "benchmarks.zoo"), func)()
+    built = named(model)
     out: list[tuple] = []
     sizes: dict[tuple[int, int], tuple[int, int]] = {}
     runs: dict[int, int] = {}  # each simulated allocator, numbered as it is first used

@@ -47,8 +47,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="resnet50", help="a builder of benchmarks.zoo")
     args = parser.parse_args(argv)
 
-    import importlib
-
     import numpy as np
     import tensorflow as tf
 
@@ -56,8 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from . import zoo
 
-    module, _, func = args.model.rpartition(":")
-    model = getattr(importlib.import_module(module) if module else zoo, func)()
+    model = zoo.named(args.model)
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     x = tf.constant(np.random.rand(args.batch, *model.inputs[0].shape[1:]).astype("float32"))
     y = tf.constant(np.zeros((args.batch,), dtype="int32"))

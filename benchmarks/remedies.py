@@ -262,21 +262,22 @@ def _table(options: argparse.Namespace, runner: str) -> int:
         saved_m = base_m - rem_m
         medians = statistics.median(base_all) - statistics.median(rem_all)
         cells = []
+        estimates = {}
         for method in methods:
             base_e = memscope.estimate(model, batch, optimizer="adam", device="cpu",
                                        method=method)
             rem_e = memscope.whatif(model, batch, device="cpu", method=method, **args)
+            estimates[method] = base_e, rem_e
             saved_e = base_e.peak_bytes - rem_e.peak_bytes
             err = (saved_e - saved_m) / saved_m if saved_m else float("nan")
             errors[method].append(abs(err))
             cells.append(f"{base_e.peak_bytes / mib:.0f} -> {rem_e.peak_bytes / mib:.0f} | "
                          f"{saved_e / mib:.0f} MiB | {err:+.0%}")
-            if method == "graph":
-                typical = typical_peak(base_e) - typical_peak(rem_e)
-                typical_err = (typical - medians) / medians if medians else float("nan")
-                typical_errors.append(abs(typical_err))
-                typical_cell = f"{typical / mib:.0f} MiB | {typical_err:+.0%}"
-        cells.append(typical_cell)
+        base_g, rem_g = estimates["graph"]
+        typical = typical_peak(base_g) - typical_peak(rem_g)
+        typical_err = (typical - medians) / medians if medians else float("nan")
+        typical_errors.append(abs(typical_err))
+        cells.append(f"{typical / mib:.0f} MiB | {typical_err:+.0%}")
         print(f"| {name} | {batch} | {title} | {len(base_all)}, {len(rem_all)} | "
               f"{base_m / mib:.0f} -> {rem_m / mib:.0f} | "
               f"{saved_m / mib:.0f} MiB | {medians / mib:.0f} MiB | "

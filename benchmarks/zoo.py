@@ -811,3 +811,13 @@ def mlp_gelu() -> keras.Model:
     return keras.Model(x, layers.Dense(10)(h), name="mlp_gelu")
 
 
+
+
+def named(name: str) -> keras.Model:
+    """The model a benchmark's ``--model`` names: a builder of this module,
+    or ``module:function`` (``tests.models:gated_mlp``)."""
+    import importlib
+    import sys
+
+    module, _, func = name.rpartition(":")
+    return getattr(importlib.import_module(module) if module else sys.modules[__name__], func)()
