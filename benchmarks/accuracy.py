@@ -144,9 +144,12 @@ def naive_bytes(est) -> int:
             + outputs)
 
 
-def estimate_config(model: str, batch: int, opt: str, method: str) -> tuple[int, float, int]:
-    """The estimated peak, the seconds the estimate took, and the bytes it
-    holds between steps (``persistent_bytes``)."""
+def estimate_config(model: str, batch: int, opt: str,
+                    method: str) -> tuple[int, float, int, int]:
+    """The estimated peak, the seconds the estimate took, the bytes it
+    holds between steps (``persistent_bytes``), and how much higher the
+    peak may go where a recurrent loop runs ahead of its weight-gradient
+    sums (``possible_extra_bytes``)."""
     import keras
 
     import keras_memscope as memscope
@@ -159,8 +162,8 @@ def estimate_config(model: str, batch: int, opt: str, method: str) -> tuple[int,
     est = memscope.estimate(m, batch, optimizer=opt, device="cpu",
                             method="rules" if method == "naive" else method)
     if method == "naive":
-        return naive_bytes(est), time.time() - t0, est.persistent_bytes
-    return est.peak_bytes, time.time() - t0, est.persistent_bytes
+        return naive_bytes(est), time.time() - t0, est.persistent_bytes, 0
+    return est.peak_bytes, time.time() - t0, est.persistent_bytes, est.possible_extra_bytes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,11 +232,13 @@ def main(argv: list[str] | None = None) -> int:
                "step_spread": spread, "step_min": min(steps), "step_max": max(steps),
                "held_min": min(held), "held_max": max(held)}
         for method in args.methods:
-            est, seconds, persistent = estimate_config(model, batch, opt, method)
+            est, seconds, persistent, extra = estimate_config(model, batch, opt, method)
             row[method] = est
+            row[f"{method}_possible_extra"] = extra
             row[f"{method}_held"] = persistent
             row[f"{method}_held_error"] = (persistent - min(held)) / min(held)
             row[f"{method}_error"] = (est - max(maxima)) / max(maxima)
+            row[f"{method}_range_error"] = range_error(est, est + extra, max(maxima))
             row[f"{method}_outside"] = outside(est, min(steps), max(steps))
             row[f"{method}_seconds"] = round(seconds, 2)
         rows.append(row)
@@ -259,6 +264,16 @@ def outside(estimate: float, low: float, high: float) -> float:
     return 0.0
 
 
+def range_error(low: float, high: float, measured: float) -> float:
+    """The error of the range ``[low, high]`` against ``measured``: that of
+    its nearer end (``(end - measured) / measured``), 0 when it holds it."""
+    if measured < low:
+        return (low - measured) / measured
+    if measured > high:
+        return (high - measured) / measured
+    return 0.0
+
+
 def summary(rows: list[dict], method: str) -> str:
     """The three targets' figures for ``method``: the median and worst
     error against the highest process, and where the estimate lies against
@@ -273,6 +288,14 @@ def summary(rows: list[dict], method: str) -> str:
     if held and method != "naive":
         text += (f"; held between steps, against the lowest process: median |error| "
                  f"{statistics.median(held):.1%}, worst {max(held):.1%}")
+    looping = [r for r in rows if r.get(f"{method}_possible_extra")]
+    if looping:
+        text += (f"; {len(looping)} with a recurrent loop that may run ahead of its "
+                 "weight-gradient sums, the range from the estimate to the estimate plus "
+                 "possible_extra_bytes against the highest process: " + ", ".join(
+                     f"{r['model']} b{r['batch']} {r['optimizer']} "
+                     + ("inside" if not r[f"{method}_range_error"]
+                        else f"{r[f'{method}_range_error']:+.1%}") for r in looping))
     return text
 
 
@@ -282,6 +305,8 @@ def markdown(rows: list[dict], methods: list[str]) -> str:
             "measured steps MiB", "held between steps MiB"]
     for m in methods:
         head += [f"{m} MiB", f"{m} error", f"{m} outside the steps"]
+        if m != "naive":
+            head.append(f"{m} possible extra MiB")
         if m != "naive":
             head.append(f"{m} held MiB")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -295,6 +320,8 @@ def markdown(rows: list[dict], methods: list[str]) -> str:
             cells += [f"{r[m] / mib:.1f}", f"{r[f'{m}_error']:+.1%}",
                       "inside" if not r[f"{m}_outside"] else f"{r[f'{m}_outside']:+.1%}"]
             if m != "naive":
+                extra = r.get(f"{m}_possible_extra", 0)
+                cells.append(f"+{extra / mib:.1f}" if extra else "")
                 cells.append(f"{r[f'{m}_held'] / mib:.1f}")
         lines.append("| " + " | ".join(cells) + " |")
     for m in methods:

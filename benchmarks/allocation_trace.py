@@ -79,11 +79,15 @@ def simulated_events(model: str, batch: int, optimizer: str) -> list[tuple]:
     out: list[tuple] = []
     sizes: dict[tuple[int, int], tuple[int, int]] = {}
     runs: dict[int, int] = {}  # each simulated allocator, numbered as it is first used
+    held: list[allocator.BFCModel] = []  # kept, so that no later one takes an id of theirs
     alloc, free = allocator.BFCModel.alloc, allocator.BFCModel.free
 
     def traced_alloc(self: allocator.BFCModel, nbytes: int) -> tuple[int, int]:
         handle, chunk = alloc(self, nbytes)
-        run = runs.setdefault(id(self), len(runs))
+        if id(self) not in runs:
+            runs[id(self)] = len(runs)
+            held.append(self)
+        run = runs[id(self)]
         sizes[run, handle] = (nbytes, chunk)
         out.append((True, handle, nbytes, chunk, f"simulation {run}"))
         return handle, chunk

@@ -137,3 +137,47 @@ def test_typical_peak_is_the_middle_simulated_order():
 
     assert typical_peak(SimpleNamespace(history_peaks=(5, 1, 9), peak_bytes=9)) == 5
     assert typical_peak(SimpleNamespace(history_peaks=(), peak_bytes=7)) == 7
+
+
+def test_ordering_variants_change_the_model_and_put_it_back():
+    """The variants of benchmarks.ordering_variants: the first region's first
+    chunk is held, the nominal speeds are swapped, the two gradient factors
+    keep each one's spread and share a common part; all restored after."""
+    import math
+    import statistics
+
+    from benchmarks.ordering_variants import variants
+    from keras_memscope import allocator, estimator, timing
+
+    nominal = timing.NOMINAL_CPU_SPEEDS
+    plain = allocator.BFCModel().alloc(1024)[0]  # the first region's start
+    with variants(["first-chunk", "onednn-speeds", "ratio"], ratio_sigma=0.22):
+        bfc = allocator.BFCModel()
+        assert bfc.in_use == 0  # the held chunk is not counted
+        addr, _ = bfc.alloc(1024)
+        assert addr == plain + allocator.GRANULE
+        assert timing.NOMINAL_CPU_SPEEDS["rates"]["conv_filter_grad"] == 363e9
+        times = estimator._scaled_times(lambda cost: (1.0, 1.0), 0.33, seed=3)
+        costs = [object() for _ in range(4000)]  # (factors are kept by identity)
+        pairs = [times(c) for c in costs]
+    assert timing.NOMINAL_CPU_SPEEDS is nominal
+    assert allocator.BFCModel().alloc(1024)[0] == plain
+    logs = [(math.log(a), math.log(b)) for a, b in pairs]
+    assert statistics.stdev(a for a, _ in logs) == pytest.approx(0.33, rel=0.06)
+    assert statistics.stdev(a - b for a, b in logs) == pytest.approx(0.22, rel=0.06)
+    with pytest.raises(ValueError, match="unknown variant"):
+        with variants(["faster"]):
+            pass
+
+
+def test_range_error_is_the_nearer_ends():
+    """A loop's estimate is a range, from the peak with the sums keeping up to
+    the peak plus possible_extra_bytes: its error is 0 when the measured
+    peak lies in it, else its nearer end's error (a single estimate's when
+    the range is one number)."""
+    from benchmarks.accuracy import range_error
+
+    assert range_error(23, 71, 68) == 0
+    assert range_error(80, 126, 77) == pytest.approx(3 / 77)
+    assert range_error(13, 15.5, 16.2) == pytest.approx(-0.7 / 16.2)
+    assert range_error(90, 90, 100) == pytest.approx(-0.1)

@@ -1,0 +1,131 @@
+"""The accuracy and remedies benchmarks under models of the step that were
+tried and not adopted (``benchmarks/RESULTS.md``, "The two gradient
+products at this machine's own speeds").
+
+    python -m benchmarks.ordering_variants --variants first-chunk onednn-speeds ratio \
+        -- --blind --methods graph
+    python -m benchmarks.ordering_variants --variants first-chunk --run remedies \
+        -- --processes 12
+
+Everything after ``--`` goes to ``benchmarks.accuracy`` (``--run accuracy``,
+the default) or ``benchmarks.remedies``; their cached measurements are
+used, and the estimates are made in this process with the variants in
+place:
+
+* ``first-chunk``: the simulated allocator's first region starts with one
+  256-byte chunk held, as a real process's holds the seed tensors and a
+  handle made before the first weight is drawn;
+* ``matmul-shapes``: the speeds that order the CPU's two gradient streams
+  (``keras_memscope.timing.NOMINAL_CPU_SPEEDS``) gain a matmul's and its two
+  gradients' speeds by smallest dimension, as fractions of the square
+  product's (medians of three ``memscope.calibrate`` runs on a 2-core AMD
+  EPYC with oneDNN's kernels), scaled to the nominal matmul speed;
+* ``onednn-speeds``: those speeds replaced by the same three calibrations'
+  medians, every figure (convolutions' filter and input gradients 363 and
+  483 GFLOP/s, where the nominal ones are 59 and 104);
+* ``ratio``: each prim's input- and weight-gradient factors share a common
+  part, so that the log of their ratio spreads by ``--ratio-sigma`` (0.22:
+  the median over ResNet-50's layers of that spread over profiled steps,
+  ``benchmarks/op_time_spread.py``) while each factor keeps the spread of
+  ``op_time_sigma``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import random
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+VARIANTS = ("first-chunk", "matmul-shapes", "onednn-speeds", "ratio")
+
+G = 1e9
+#: medians of three calibrations (``memscope.calibrate("cpu")``) of a 2-core
+#: AMD EPYC, tensorflow-cpu 2.21 with oneDNN's kernels, FLOP/s
+ONEDNN_RATES = {
+    "matmul": 470.5 * G, "conv": 480.0 * G, "conv_filter_grad": 363.0 * G,
+    "conv_input_grad": 482.9 * G, "reduce": 32.1 * G,
+    "matmul@16": 180.8 * G, "matmul@64": 348.0 * G, "matmul@256": 438.2 * G,
+    "matmul@2048": 470.5 * G,
+    "matmul_input_grad@16": 37.6 * G, "matmul_input_grad@64": 131.6 * G,
+    "matmul_input_grad@256": 283.8 * G,
+    "matmul_weight_grad@16": 214.3 * G, "matmul_weight_grad@64": 400.3 * G,
+    "matmul_weight_grad@256": 465.4 * G,
+}
+ONEDNN_SPEEDS: dict[str, Any] = {
+    "peak_flops": {"float32": 480.0 * G},
+    "bandwidth_bytes_s": 58.3 * G,
+    "op_overhead_s": 0.62e-6,
+    "rates": ONEDNN_RATES,
+}
+
+
+@contextlib.contextmanager
+def variants(names: Sequence[str], ratio_sigma: float = 0.22) -> Iterator[None]:
+    """The step's model with the named variants in place, restored after."""
+    from keras_memscope import allocator, estimator, timing
+
+    unknown = sorted(set(names) - set(VARIANTS))
+    if unknown:
+        raise ValueError(f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}")
+    saved_speeds = timing.NOMINAL_CPU_SPEEDS
+    saved_init = allocator.BFCModel.__init__
+    saved_times = estimator._scaled_times
+    if "onednn-speeds" in names:
+        timing.NOMINAL_CPU_SPEEDS = ONEDNN_SPEEDS
+    elif "matmul-shapes" in names:
+        nominal = saved_speeds["rates"]["matmul"]
+        square = ONEDNN_RATES["matmul"]
+        shaped = {k: v / square * nominal for k, v in ONEDNN_RATES.items() if "@" in k}
+        timing.NOMINAL_CPU_SPEEDS = {**saved_speeds,
+                                     "rates": {**saved_speeds["rates"], **shaped}}
+    if "first-chunk" in names:
+        def init(self: Any, *args: Any, **kwargs: Any) -> None:
+            saved_init(self, *args, **kwargs)
+            self._extend(allocator.GRANULE)  # the first region, 2 MiB
+            self._find(allocator.GRANULE)  # its first chunk, held for good
+        allocator.BFCModel.__init__ = init  # type: ignore[method-assign]
+    if "ratio" in names:
+        def scaled_times(times: Any, sigma: float, seed: int) -> Any:
+            half = ratio_sigma / 2
+            common = math.sqrt(max(sigma * sigma - half * half, 0.0))
+            normals = estimator._prim_factors(1.0, random.Random(seed), 2)
+
+            def scaled(cost: Any) -> tuple[float, float]:
+                (a, b), (u, v) = times(cost), normals(cost)
+                shared, apart = common * math.log(u), half * math.log(v)
+                return a * math.exp(shared + apart), b * math.exp(shared - apart)
+            return scaled
+        estimator._scaled_times = scaled_times
+    try:
+        yield
+    finally:
+        timing.NOMINAL_CPU_SPEEDS = saved_speeds
+        allocator.BFCModel.__init__ = saved_init  # type: ignore[method-assign]
+        estimator._scaled_times = saved_times
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    rest: list[str] = []
+    if "--" in argv:
+        at = argv.index("--")
+        argv, rest = argv[:at], argv[at + 1:]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, required=True)
+    parser.add_argument("--ratio-sigma", type=float, default=0.22)
+    parser.add_argument("--run", choices=("accuracy", "remedies"), default="accuracy")
+    options = parser.parse_args(argv)
+    if options.run == "accuracy":
+        from benchmarks.accuracy import main as run
+    else:
+        from benchmarks.remedies import main as run
+    with variants(options.variants, options.ratio_sigma):
+        return run(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
