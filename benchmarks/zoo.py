@@ -754,6 +754,70 @@ def convmixer() -> keras.Model:
     return keras.Model(inputs, layers.Dense(10)(x), name="convmixer")
 
 
+def axialattn() -> keras.Model:
+    """Self-attention over both spatial axes of a 16 x 16 x 32 feature map
+    (``attention_axes=(1, 2)``: every position attends to all 256), a
+    residual add and LayerNormalization, 10 classes."""
+    inputs = keras.Input((32, 32, 3))
+    x = layers.Conv2D(32, 3, strides=2, padding="same", activation="relu")(inputs)
+    h = layers.MultiHeadAttention(4, 8, attention_axes=(1, 2))(x, x)
+    x = layers.LayerNormalization()(layers.Add()([x, h]))
+    x = layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, layers.Dense(10)(x), name="axialattn")
+
+
+def emacnn() -> keras.Model:
+    """ZeroPadding2D, a 5 x 5 convolution with LeakyReLU, AveragePooling2D, a
+    ReLU capped at 6, Cropping2D, Dropout, 10 classes."""
+    inputs = keras.Input((32, 32, 3))
+    x = layers.ZeroPadding2D(2)(inputs)
+    x = layers.LeakyReLU(0.1)(layers.Conv2D(32, 5)(x))
+    x = layers.AveragePooling2D(2)(x)
+    x = layers.ReLU(max_value=6.0)(layers.Conv2D(64, 3, padding="same")(x))
+    x = layers.Dropout(0.2)(layers.Cropping2D(1)(x))
+    return keras.Model(inputs, layers.Dense(10)(layers.Flatten()(x)), name="emacnn")
+
+
+def sepconv1d() -> keras.Model:
+    """Over 256 steps of 32 features: SeparableConv1D with ELU,
+    DepthwiseConv1D, LayerNormalization, a stride-2 Conv1DTranspose,
+    MaxPooling1D, global max pooling, 5 classes."""
+    inputs = keras.Input((256, 32))
+    x = layers.SeparableConv1D(64, 5, padding="same", activation="elu")(inputs)
+    x = layers.LayerNormalization()(layers.DepthwiseConv1D(3, padding="same")(x))
+    x = layers.Conv1DTranspose(32, 4, strides=2, padding="same")(x)
+    x = layers.GlobalMaxPooling1D()(layers.MaxPooling1D(2)(x))
+    return keras.Model(inputs, layers.Dense(5)(x), name="sepconv1d")
+
+
+def permutemlp() -> keras.Model:
+    """Dense layers mixing each axis in turn of a 16 x 64 input (Permute,
+    GELU, SELU), then Reshape, GaussianNoise, an ELU layer, 10 classes."""
+    inputs = keras.Input((16, 64))
+    x = layers.Dense(32, activation="gelu")(layers.Permute((2, 1))(inputs))
+    x = layers.Dense(64, activation="selu")(layers.Permute((2, 1))(x))
+    x = layers.GaussianNoise(0.1)(layers.Reshape((2048,))(x))
+    x = layers.Dense(256, activation="elu")(x)
+    return keras.Model(inputs, layers.Dense(10)(x), name="permutemlp")
+
+
+def denoiser() -> keras.Model:
+    """A convolutional denoiser on 64 x 64 x 1 images: two stride-2
+    convolutions with BatchNormalization, two stride-2 Conv2DTranspose back
+    up with an additive skip, a sigmoid output compiled with mse."""
+    inputs = keras.Input((64, 64, 1))
+    e1 = layers.ReLU()(layers.BatchNormalization()(
+        layers.Conv2D(16, 3, strides=2, padding="same")(inputs)))
+    e2 = layers.ReLU()(layers.BatchNormalization()(
+        layers.Conv2D(32, 3, strides=2, padding="same")(e1)))
+    d1 = layers.Conv2DTranspose(16, 3, strides=2, padding="same", activation="relu")(e2)
+    out = layers.Conv2DTranspose(1, 3, strides=2, padding="same", activation="sigmoid")(
+        layers.Add()([d1, e1]))
+    model = keras.Model(inputs, out, name="denoiser")
+    model.compile(loss="mse")
+    return model
+
+
 ZOO = {f.__name__: f for f in (mlp, cnn, resnet50, mobilenetv2, vgg16, densenet121, lstm,
                                transformer)}
 HELD_OUT = {f.__name__: f for f in (unet, gru, vit, separable)}
@@ -768,6 +832,7 @@ UNTRIED = {f.__name__: f for f in (mixer, generator, video, siamese, efficientne
 BLIND = {f.__name__: f for f in (deeplab, crnn, moe, selunet, additive, upconv1d, mobilenet,
                                  augmented)}
 UNMET = {f.__name__: f for f in (film, linattn, bow, convmixer)}
+UNHEARD = {f.__name__: f for f in (axialattn, emacnn, sepconv1d, permutemlp, denoiser)}
 
 
 # --- large models, estimated without building their weights ------------------

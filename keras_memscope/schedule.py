@@ -752,6 +752,7 @@ def simulate(
         grad_pending: dict[int, int] = defaultdict(int, grad_pending0)
         sparse_grads: set[int] = set()  # gradient buffers that are IndexedSlices values
         buffer_of: dict[int, int] = {}
+        outside_views: set[int] = set(model_inputs)  # the batch, and views of it
         layer_saved.clear()
         layer_workspace.clear()
 
@@ -782,6 +783,11 @@ def simulate(
             for i, (t, nbytes) in enumerate(zip(f.outs, (b for _, b in p.outputs))):
                 if i == 0 and p.alias and f.ins and f.ins[0] in buffer_of:
                     attach(t, buffer_of[f.ins[0]])
+                    continue
+                if i == 0 and p.alias and f.ins and f.ins[0] in outside_views:
+                    # a view of the batch (Conv1D's ExpandDims, a Flatten)
+                    # is the batch's buffer, held outside the step
+                    outside_views.add(t)
                     continue
                 if i == 0 and p.inplace:
                     taken = False
