@@ -1,6 +1,6 @@
 """The accuracy and remedies benchmarks under models of the step that were
 tried and not adopted (``benchmarks/RESULTS.md``, "The two gradient
-products at this machine's own speeds").
+products at this machine's own speeds" and "Models nobody had estimated").
 
     python -m benchmarks.ordering_variants --variants first-chunk onednn-speeds ratio \
         -- --blind --methods graph
@@ -27,7 +27,11 @@ place:
   part, so that the log of their ratio spreads by ``--ratio-sigma`` (0.22:
   the median over ResNet-50's layers of that spread over profiled steps,
   ``benchmarks/op_time_spread.py``) while each factor keeps the spread of
-  ``op_time_sigma``.
+  ``op_time_sigma``;
+* ``add-pass-through``: an addition's gradient for each input of its
+  output's shape is the output gradient's own buffer, as TensorFlow hands it
+  on (``keras_memscope.schedule.PASS_THROUGH_GRADIENTS``), where the
+  simulation gives each further input a buffer of its own.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-VARIANTS = ("first-chunk", "matmul-shapes", "onednn-speeds", "ratio")
+VARIANTS = ("first-chunk", "matmul-shapes", "onednn-speeds", "ratio", "add-pass-through")
 
 G = 1e9
 #: medians of three calibrations (``memscope.calibrate("cpu")``) of a 2-core
@@ -66,7 +70,7 @@ ONEDNN_SPEEDS: dict[str, Any] = {
 @contextlib.contextmanager
 def variants(names: Sequence[str], ratio_sigma: float = 0.22) -> Iterator[None]:
     """The step's model with the named variants in place, restored after."""
-    from keras_memscope import allocator, estimator, timing
+    from keras_memscope import allocator, estimator, schedule, timing
 
     unknown = sorted(set(names) - set(VARIANTS))
     if unknown:
@@ -74,6 +78,9 @@ def variants(names: Sequence[str], ratio_sigma: float = 0.22) -> Iterator[None]:
     saved_speeds = timing.NOMINAL_CPU_SPEEDS
     saved_init = allocator.BFCModel.__init__
     saved_times = estimator._scaled_times
+    saved_pass = schedule.PASS_THROUGH_GRADIENTS
+    if "add-pass-through" in names:
+        schedule.PASS_THROUGH_GRADIENTS = schedule._ADDITIONS | {"AddN"}
     if "onednn-speeds" in names:
         timing.NOMINAL_CPU_SPEEDS = ONEDNN_SPEEDS
     elif "matmul-shapes" in names:
@@ -106,6 +113,7 @@ def variants(names: Sequence[str], ratio_sigma: float = 0.22) -> Iterator[None]:
         timing.NOMINAL_CPU_SPEEDS = saved_speeds
         allocator.BFCModel.__init__ = saved_init  # type: ignore[method-assign]
         estimator._scaled_times = saved_times
+        schedule.PASS_THROUGH_GRADIENTS = saved_pass
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -236,6 +236,14 @@ class _Simulator:
 
 #: the prims grappler's arithmetic optimizer gathers into one AddN
 _ADDITIONS = frozenset({"AddV2", "Add", "add"})
+#: The prims whose gradient for each input of the output's shape is handed
+#: on as the output gradient's own buffer (TensorFlow's ``_AddGrad``: a sum
+#: over no axes and a reshape to the same shape, both of which hand on their
+#: input). Empty: each further input's gradient gets a buffer of its own.
+#: Tried with the additions and AddN (``benchmarks.ordering_variants
+#: --variants add-pass-through``) and not adopted: benchmarks/RESULTS.md,
+#: "Models nobody had estimated (``--unheard``)".
+PASS_THROUGH_GRADIENTS: frozenset[str] = frozenset()
 
 
 def _addition_trees(flats: Sequence[_Flat], made: dict[int, int]) -> dict[int, set[int]]:
@@ -929,6 +937,16 @@ def simulate(
 
         # Backward pass and optimizer updates.
         partial: dict[int, list[int]] = defaultdict(list)
+        # a gradient buffer several gradient tensors are (with
+        # PASS_THROUGH_GRADIENTS): how many more than one hold it
+        grad_shares: dict[int, int] = defaultdict(int)
+
+        def drop_grad(bid: int) -> None:
+            """A gradient tensor lets go of ``bid``: freed once none holds it."""
+            if grad_shares[bid]:
+                grad_shares[bid] -= 1
+            else:
+                sim.free(bid)
         queue: deque[tuple[int, int]] = deque()
 
         def run_update(key: int, bid: int, final: bool = False, beside: bool = False) -> None:
@@ -1017,14 +1035,21 @@ def simulate(
                 grad_pending[t] -= 1
                 if grad_pending[t] == 0:
                     parts = partial.pop(t)
-                    for extra in parts[1:]:
-                        sim.free(extra)  # summed into the first part in place
+                    if len(parts) > 1:
+                        # summed in place into the first part nothing else holds
+                        own = [b for b in parts if not grad_shares[b]]
+                        into = own[0] if own else sim.alloc(
+                            tensor_bytes[t], sim.buffers[parts[0]].layer, GRADIENT)
+                        for extra in parts:
+                            if extra != into:
+                                drop_grad(extra)
+                        parts = [into]
                     if t in weight_of:
                         queue.append((weight_of[t], parts[0]))
                         while len(queue) > update_lag:
                             run_update(*queue.popleft())
                     elif t in external:
-                        sim.free(parts[0])
+                        drop_grad(parts[0])
                     else:
                         grad_of[t] = parts[0]
 
@@ -1052,7 +1077,7 @@ def simulate(
             if job.workspace is not None:
                 sim.free(job.workspace)
             for bid in job.out_grads:
-                sim.free(bid)
+                drop_grad(bid)
             for t in (*f.saved, *f.weight_reads):
                 release(t)
             settle(job.weights)
@@ -1161,8 +1186,21 @@ def simulate(
             out_grads = [grad_of.pop(t) for t in f.outs if t in grad_of]
             xts = [t for t in f.input_grads if t not in weight_of]
             wts = [t for t in f.input_grads if t in weight_of]
-            reusable = list(out_grads) if p.grad_inplace else []
+            reusable = [b for b in out_grads if not grad_shares[b]] if p.grad_inplace else []
+            passed = [t for t in xts if len(out_grads) == 1 and p.name in PASS_THROUGH_GRADIENTS
+                      and round_up(tensor_bytes[t], granule) == sim.buffers[out_grads[0]].nbytes]
+            if passed:
+                # the gradient for each input of the output's shape is the
+                # output gradient itself: one buffer, nothing written
+                bid = out_grads.pop()
+                sim.buffers[bid].layer = op.name
+                for k, t in enumerate(passed):
+                    grad_shares[bid] += k > 0
+                    partial[t].append(bid)
+                reusable = []
             for t in xts:
+                if t in passed:
+                    continue
                 nbytes = round_up(tensor_bytes[t], granule)
                 bid = next((b for b in reusable if sim.buffers[b].nbytes == nbytes), None)
                 if bid is not None:

@@ -168,6 +168,11 @@ def test_ordering_variants_change_the_model_and_put_it_back():
     with pytest.raises(ValueError, match="unknown variant"):
         with variants(["faster"]):
             pass
+    from keras_memscope import schedule
+
+    with variants(["add-pass-through"]):
+        assert "AddV2" in schedule.PASS_THROUGH_GRADIENTS
+    assert not schedule.PASS_THROUGH_GRADIENTS
 
 
 def test_range_error_is_the_nearer_ends():
