@@ -122,10 +122,16 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         at = argv.index("--")
         argv, rest = argv[:at], argv[at + 1:]
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", nargs="+", choices=VARIANTS, required=True)
-    parser.add_argument("--ratio-sigma", type=float, default=0.22)
-    parser.add_argument("--run", choices=("accuracy", "remedies"), default="accuracy")
+    parser = argparse.ArgumentParser(
+        description="Run benchmarks.accuracy or benchmarks.remedies (arguments after --) "
+                    "with models of the training step that were tried and not adopted.")
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, required=True,
+                        help="the models to put in place (this module's docstring)")
+    parser.add_argument("--ratio-sigma", type=float, default=0.22,
+                        help="with 'ratio': the spread of the log of the two gradient "
+                             "factors' ratio")
+    parser.add_argument("--run", choices=("accuracy", "remedies"), default="accuracy",
+                        help="the benchmark to run (default: accuracy)")
     options = parser.parse_args(argv)
     if options.run == "accuracy":
         from benchmarks.accuracy import main as run
