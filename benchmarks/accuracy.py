@@ -330,9 +330,7 @@ def markdown(rows: list[dict], methods: list[str]) -> str:
     for m in methods:
         head += [f"{m} MiB", f"{m} error", f"{m} outside the steps"]
         if m != "naive":
-            head.append(f"{m} possible extra MiB")
-        if m != "naive":
-            head.append(f"{m} held MiB")
+            head += [f"{m} possible extra MiB", f"{m} held MiB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["model"], str(r["batch"]), r["optimizer"],

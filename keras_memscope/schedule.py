@@ -1187,8 +1187,9 @@ def simulate(
             xts = [t for t in f.input_grads if t not in weight_of]
             wts = [t for t in f.input_grads if t in weight_of]
             reusable = [b for b in out_grads if not grad_shares[b]] if p.grad_inplace else []
-            passed = [t for t in xts if len(out_grads) == 1 and p.name in PASS_THROUGH_GRADIENTS
-                      and round_up(tensor_bytes[t], granule) == sim.buffers[out_grads[0]].nbytes]
+            passed = ([t for t in xts if round_up(tensor_bytes[t], granule)
+                       == sim.buffers[out_grads[0]].nbytes]
+                      if p.name in PASS_THROUGH_GRADIENTS and len(out_grads) == 1 else [])
             if passed:
                 # the gradient for each input of the output's shape is the
                 # output gradient itself: one buffer, nothing written
