@@ -33,8 +33,10 @@ PROFILED_RUN = r"""
 import glob, json, sys, tempfile
 import tensorflow as tf
 from keras_memscope.measure import _xspace_events, run_steps
+from benchmarks.accuracy import OPTIMIZERS
 from benchmarks.zoo import named
 name, batch, optimizer, steps = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+optimizer = OPTIMIZERS.get(optimizer, optimizer)
 logdir = tempfile.mkdtemp()
 tf.profiler.experimental.start(logdir)
 model = named(name)
@@ -71,11 +73,16 @@ def simulated_events(model: str, batch: int, optimizer: str) -> list[tuple]:
     """The same events from the estimate's simulated allocators, each event
     named by the simulation it belongs to (the step's, and where the
     estimate runs another, such as a recurrent loop's worst case, that one)."""
+    import keras
+
     import keras_memscope as memscope
+    from benchmarks.accuracy import OPTIMIZERS
     from benchmarks.zoo import named
     from keras_memscope import allocator
 
     built = named(model)
+    if optimizer in OPTIMIZERS:  # a named optimizer with options
+        optimizer = keras.optimizers.deserialize(OPTIMIZERS[optimizer])
     out: list[tuple] = []
     sizes: dict[tuple[int, int], tuple[int, int]] = {}
     runs: dict[int, int] = {}  # each simulated allocator, numbered as it is first used
@@ -113,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True,
                         help="a function of benchmarks.zoo, or module:function")
     parser.add_argument("--batch", type=int, required=True)
-    parser.add_argument("--optimizer", default="adam")
+    parser.add_argument("--optimizer", default="adam",
+                        help="a Keras optimizer's name, or one with options named in "
+                             "benchmarks.accuracy.OPTIMIZERS (e.g. rmsprop-centered)")
     parser.add_argument("--steps", type=int, default=1, help="steps after the warm-up (real)")
     parser.add_argument("--source", choices=("real", "estimate"), default="real")
     parser.add_argument("--min-kib", type=float, default=64,

@@ -31,7 +31,12 @@ place:
 * ``add-pass-through``: an addition's gradient for each input of its
   output's shape is the output gradient's own buffer, as TensorFlow hands it
   on (``keras_memscope.schedule.PASS_THROUGH_GRADIENTS``), where the
-  simulation gives each further input a buffer of its own.
+  simulation gives each further input a buffer of its own;
+* ``read-together``: a prim two of whose gradient ops read its output
+  gradient as they become ready together (a product's ``dy * b`` and
+  ``dy * a``) writes neither into it while the second thread is free, as
+  TensorFlow runs them side by side then
+  (``keras_memscope.schedule.SIDE_BY_SIDE_GRADIENTS``).
 """
 
 from __future__ import annotations
@@ -44,7 +49,8 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-VARIANTS = ("first-chunk", "matmul-shapes", "onednn-speeds", "ratio", "add-pass-through")
+VARIANTS = ("first-chunk", "matmul-shapes", "onednn-speeds", "ratio", "add-pass-through",
+            "read-together")
 
 G = 1e9
 #: medians of three calibrations (``memscope.calibrate("cpu")``) of a 2-core
@@ -79,6 +85,9 @@ def variants(names: Sequence[str], ratio_sigma: float = 0.22) -> Iterator[None]:
     saved_init = allocator.BFCModel.__init__
     saved_times = estimator._scaled_times
     saved_pass = schedule.PASS_THROUGH_GRADIENTS
+    saved_side = schedule.SIDE_BY_SIDE_GRADIENTS
+    if "read-together" in names:
+        schedule.SIDE_BY_SIDE_GRADIENTS = True
     if "add-pass-through" in names:
         schedule.PASS_THROUGH_GRADIENTS = schedule._ADDITIONS | {"AddN"}
     if "onednn-speeds" in names:
@@ -114,6 +123,7 @@ def variants(names: Sequence[str], ratio_sigma: float = 0.22) -> Iterator[None]:
         allocator.BFCModel.__init__ = saved_init  # type: ignore[method-assign]
         estimator._scaled_times = saved_times
         schedule.PASS_THROUGH_GRADIENTS = saved_pass
+        schedule.SIDE_BY_SIDE_GRADIENTS = saved_side
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,6 +54,12 @@ class Prim:
             allocations (what a loop pushes one timestep at a time).
         grad_inplace: its input gradient may take over the buffer of its output
             gradient (element-wise gradients).
+        grad_read_together: two of its gradient ops read the output gradient
+            and become ready together (a product's ``dy * b`` and ``dy * a``).
+            TensorFlow's CPU executor runs them side by side when its second
+            thread is free, and neither writes into the output gradient then;
+            with the second thread busy (a weight gradient running) they run
+            one after the other and the second writes into it.
         macs: multiply-accumulates of the forward op, whole batch (matmuls,
             convolutions); each input's gradient costs as many again.
         flops: other floating-point operations of the forward op (pooling
@@ -117,6 +123,7 @@ class Prim:
     workspace_for: tuple[tuple[str, int], ...] = ()
     output_pieces: tuple[tuple[str, int], ...] = ()
     grad_inplace: bool = False
+    grad_read_together: bool = False
     macs: int = 0
     flops: int = 0
     passes: float = 1.0

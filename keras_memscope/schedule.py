@@ -244,6 +244,14 @@ _ADDITIONS = frozenset({"AddV2", "Add", "add"})
 #: --variants add-pass-through``) and not adopted: benchmarks/RESULTS.md,
 #: "Models nobody had estimated (``--unheard``)".
 PASS_THROUGH_GRADIENTS: frozenset[str] = frozenset()
+#: Whether a prim whose gradient ops read its output gradient together
+#: (``Prim.grad_read_together``) writes no input gradient into it while the
+#: CPU's second thread is free, as TensorFlow runs the two ops side by side
+#: then. False: such a prim writes into it as any element-wise gradient
+#: does. Tried (``benchmarks.ordering_variants --variants read-together``)
+#: and not adopted: benchmarks/RESULTS.md, "A product's two gradients side
+#: by side (tried, not adopted)".
+SIDE_BY_SIDE_GRADIENTS = False
 
 
 def _addition_trees(flats: Sequence[_Flat], made: dict[int, int]) -> dict[int, set[int]]:
@@ -1186,7 +1194,13 @@ def simulate(
             out_grads = [grad_of.pop(t) for t in f.outs if t in grad_of]
             xts = [t for t in f.input_grads if t not in weight_of]
             wts = [t for t in f.input_grads if t in weight_of]
-            reusable = [b for b in out_grads if not grad_shares[b]] if p.grad_inplace else []
+            # (gradient ops that read the output gradient together run side
+            # by side while the second thread is free: neither writes into it)
+            side_by_side = (SIDE_BY_SIDE_GRADIENTS and p.grad_read_together
+                            and times is not None
+                            and not any(j.left > 0 for j in jobs))
+            reusable = ([b for b in out_grads if not grad_shares[b]]
+                        if p.grad_inplace and not side_by_side else [])
             passed = ([t for t in xts if round_up(tensor_bytes[t], granule)
                        == sim.buffers[out_grads[0]].nbytes]
                       if p.name in PASS_THROUGH_GRADIENTS and len(out_grads) == 1 else [])

@@ -644,6 +644,8 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
     n = 0
     in_activation: set[str] = set()  # hoisted ops that read the activation's tensors
     hoisted_reads = {t.name for op in forward if op.name in hoisted for t in op.inputs}
+    owner = _gradient_op_owners(forward, hoisted)
+    shared_incoming = _incoming_read_together(backward, owner, upstream)
     early: list[int] = []  # the hoisted ops' prims
     prim_ops: list[Any] = []  # the op of each prim made here
     for op in forward:
@@ -766,6 +768,7 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
                 and (op.name in hoisted or t.name not in hoisted_reads)))
             if op.type in FORWARDING_OPS else [],
             grad_inplace=op.type in FORWARDING_OPS or op.type in VIEW_GRADIENT_OPS,
+            grad_read_together=op.name in shared_incoming,
             macs=_macs(op), kernel=_FAMILY.get(op.type, ""), gemm_min_dim=_gemm_min_dim(op),
             out_channels=_out_channels(op),
             workspace_for=workspace_for, backward_workspace_bytes=bwd_ws,
@@ -778,7 +781,6 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
         if op.name in hoisted:
             early.append(len(prims) - 1)
             prims[-1] = dataclasses.replace(prims[-1], hoisted=True)
-    owner = _gradient_op_owners(forward, hoisted)
     _keep_for_readers(prims, prim_ops, ref, _gradient_owners(backward, saved, owner))
     _hold_early_results(prims, early)
     # outputs the graph returns without an op of their own (a call returning
@@ -905,6 +907,44 @@ def _gradient_owners(backward: Sequence[Any], saved: set[str],
             else:
                 owners.setdefault(t.name, set()).add(found.name)
     return owners
+
+
+def _incoming_read_together(backward: Sequence[Any], owner: Callable[[Any], Any],
+                            upstream: Sequence[Any]) -> set[str]:
+    """The forward ops two of whose gradient ops read the gradient arriving
+    at the op, both made ready by it (``Prim.grad_read_together``).
+    TensorFlow's executor hands it to both at once; where they run side by
+    side, neither finds itself its only reader and neither writes into it. A
+    product's two gradients (``grad * y`` and ``grad * x``) then each take a
+    buffer of their own: in allocator traces, the ``mul`` of a
+    ``UnitNormalization`` (two 1 MiB products at batch 512 beside the 1 MiB
+    incoming gradient) and the ``inv * gamma`` of a ``LayerNormalization``
+    (two 4 MiB products); where the other thread was running a transposed
+    convolution's filter gradient, the ``x * inv`` of that normalization
+    made one 4 MiB product and wrote the other into the incoming gradient
+    (profiled: the two ran one after the other)."""
+    made = {t.name: i for i, op in enumerate(backward) for t in op.outputs}
+    made.update({t.name: -1 for t in upstream})  # the gradients arriving at the layer
+    own: dict[str, list[Any]] = {}
+    for op in backward:
+        found = owner(op)
+        if found is not None:
+            own.setdefault(found.name, []).append(op)
+    out: set[str] = set()
+    for name, ops in own.items():
+        made_here = {t.name for op in ops for t in op.outputs}
+        readers: dict[str, int] = {}
+        for op in ops:
+            # the input the op waits for last (the layer's incoming gradient,
+            # made before the layer's gradient ops, where none is made here)
+            last = max((made[t.name] for t in op.inputs if t.name in made), default=-2)
+            for t in op.inputs:
+                if (t.name not in made_here and t.dtype.is_floating
+                        and made.get(t.name, -2) == last):
+                    readers[t.name] = readers.get(t.name, 0) + 1
+        if any(k > 1 for k in readers.values()):
+            out.add(name)
+    return out
 
 
 def _internal_gradients(backward: Sequence[Any], owner: Callable[[Any], Any]) -> set[str]:
