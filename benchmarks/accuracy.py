@@ -37,6 +37,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -117,6 +118,16 @@ OPTIMIZERS = {
     "rmsprop-centered": {"class_name": "RMSprop", "config": {"centered": True}},
     "adamw-amsgrad": {"class_name": "AdamW", "config": {"amsgrad": True}},
 }
+
+
+def named_optimizer(name: str) -> Any:
+    """The optimizer a configuration names: a Keras optimizer's name, or an
+    instance of one with options named in ``OPTIMIZERS``."""
+    import keras
+
+    return keras.optimizers.deserialize(OPTIMIZERS[name]) if name in OPTIMIZERS else name
+
+
 #: models trained with their own loss (compiled, or measure's default)
 OWN_LOSS = ("gru", "unet", "autoencoder", "twotower", "skipnet", "timedistributed", "causal",
             "subclassed", "vae", "generator", "siamese", "deeplab", "crnn", "selunet",
@@ -178,9 +189,7 @@ def estimate_config(model: str, batch: int, opt: str,
     keras.utils.clear_session()
     m = builder()
     t0 = time.time()
-    optimizer = (keras.optimizers.deserialize(OPTIMIZERS[opt]) if opt in OPTIMIZERS
-                 else opt)
-    est = memscope.estimate(m, batch, optimizer=optimizer, device="cpu",
+    est = memscope.estimate(m, batch, optimizer=named_optimizer(opt), device="cpu",
                             method="rules" if method == "naive" else method)
     if method == "naive":
         return naive_bytes(est), time.time() - t0, est.persistent_bytes, 0

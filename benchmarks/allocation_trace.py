@@ -73,16 +73,12 @@ def simulated_events(model: str, batch: int, optimizer: str) -> list[tuple]:
     """The same events from the estimate's simulated allocators, each event
     named by the simulation it belongs to (the step's, and where the
     estimate runs another, such as a recurrent loop's worst case, that one)."""
-    import keras
-
     import keras_memscope as memscope
-    from benchmarks.accuracy import OPTIMIZERS
+    from benchmarks.accuracy import named_optimizer
     from benchmarks.zoo import named
     from keras_memscope import allocator
 
     built = named(model)
-    if optimizer in OPTIMIZERS:  # a named optimizer with options
-        optimizer = keras.optimizers.deserialize(OPTIMIZERS[optimizer])
     out: list[tuple] = []
     sizes: dict[tuple[int, int], tuple[int, int]] = {}
     runs: dict[int, int] = {}  # each simulated allocator, numbered as it is first used
@@ -106,7 +102,7 @@ def simulated_events(model: str, batch: int, optimizer: str) -> list[tuple]:
 
     allocator.BFCModel.alloc, allocator.BFCModel.free = traced_alloc, traced_free
     try:
-        est = memscope.estimate(built, batch, optimizer=optimizer, device="cpu",
+        est = memscope.estimate(built, batch, optimizer=named_optimizer(optimizer), device="cpu",
                                 method="graph")
     finally:
         allocator.BFCModel.alloc, allocator.BFCModel.free = alloc, free

@@ -876,8 +876,6 @@ def mlp_gelu() -> keras.Model:
     return keras.Model(x, layers.Dense(10)(h), name="mlp_gelu")
 
 
-
-
 def named(name: str) -> keras.Model:
     """The model a benchmark's ``--model`` names: a builder of this module,
     or ``module:function`` (``tests.models:gated_mlp``)."""

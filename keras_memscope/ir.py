@@ -59,7 +59,7 @@ class Prim:
             TensorFlow's CPU executor runs them side by side when its second
             thread is free, and neither writes into the output gradient then;
             with the second thread busy (a weight gradient running) they run
-            one after the other and the second writes into it.
+            one after the other and the second can write into it.
         macs: multiply-accumulates of the forward op, whole batch (matmuls,
             convolutions); each input's gradient costs as many again.
         flops: other floating-point operations of the forward op (pooling

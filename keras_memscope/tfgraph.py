@@ -919,12 +919,12 @@ def _incoming_read_together(backward: Sequence[Any], owner: Callable[[Any], Any]
     buffer of their own: in allocator traces, the ``mul`` of a
     ``UnitNormalization`` (two 1 MiB products at batch 512 beside the 1 MiB
     incoming gradient) and the ``inv * gamma`` of a ``LayerNormalization``
-    (two 4 MiB products); where the other thread was running a transposed
-    convolution's filter gradient, the ``x * inv`` of that normalization
-    made one 4 MiB product and wrote the other into the incoming gradient
-    (profiled: the two ran one after the other)."""
-    made = {t.name: i for i, op in enumerate(backward) for t in op.outputs}
-    made.update({t.name: -1 for t in upstream})  # the gradients arriving at the layer
+    (two 4 MiB products). Not always: that normalization's ``x * inv`` made
+    one 4 MiB product and wrote the other into the incoming gradient, and
+    profiled, its two ran one after the other in a step whose other thread
+    was running a transposed convolution's filter gradient (side by side in
+    another step)."""
+    together = _ready_together(list(backward), arriving=upstream)
     own: dict[str, list[Any]] = {}
     for op in backward:
         found = owner(op)
@@ -935,13 +935,9 @@ def _incoming_read_together(backward: Sequence[Any], owner: Callable[[Any], Any]
         made_here = {t.name for op in ops for t in op.outputs}
         readers: dict[str, int] = {}
         for op in ops:
-            # the input the op waits for last (the layer's incoming gradient,
-            # made before the layer's gradient ops, where none is made here)
-            last = max((made[t.name] for t in op.inputs if t.name in made), default=-2)
-            for t in op.inputs:
-                if (t.name not in made_here and t.dtype.is_floating
-                        and made.get(t.name, -2) == last):
-                    readers[t.name] = readers.get(t.name, 0) + 1
+            for t in {t.name for t in op.inputs if t.name not in made_here
+                      and t.dtype.is_floating and (t.name, op.name) in together}:
+                readers[t] = readers.get(t, 0) + 1
         if any(k > 1 for k in readers.values()):
             out.add(name)
     return out
@@ -1222,7 +1218,7 @@ def _backward_intermediates_peak(backward: list[Any], graph: Any,
     return tuple(parts)
 
 
-def _ready_together(ops: list[Any]) -> set[tuple[str, str]]:
+def _ready_together(ops: list[Any], arriving: Sequence[Any] = ()) -> set[tuple[str, str]]:
     """``(tensor, reader)`` pairs of ``ops`` where another reader of the
     tensor becomes ready with this one: the last input both wait for is that
     tensor. TensorFlow's executor hands a result to all its readers at once
@@ -1231,8 +1227,11 @@ def _ready_together(ops: list[Any]) -> set[tuple[str, str]]:
     it: in an allocator trace of ``AdditiveAttention``'s gradient, the
     incoming gradient tiled over the 64 features is read by the products for
     the ``tanh`` and for the ``scale`` (64 MiB each at batch 64, 64 tokens),
-    and all three were alive together with the kept ``tanh``."""
-    made = {t.name: i for i, op in enumerate(ops) for t in op.outputs}
+    and all three were alive together with the kept ``tanh``. ``arriving``:
+    tensors made before the first of ``ops`` (the gradients arriving at a
+    layer), which its readers that wait for nothing else have at once."""
+    made = {t.name: -1 for t in arriving}
+    made.update({t.name: i for i, op in enumerate(ops) for t in op.outputs})
     ready: dict[str, list[str]] = {}  # tensor -> readers that wait last for it
     for i, op in enumerate(ops):
         inputs = [t.name for t in op.inputs if t.name in made and made[t.name] < i]
