@@ -176,8 +176,9 @@ def naive_bytes(est) -> int:
 
 def estimate_config(model: str, batch: int, opt: str,
                     method: str) -> tuple[int, float, int, int]:
-    """The estimated peak, the seconds the estimate took, the bytes it
-    holds between steps (``persistent_bytes``), and how much higher the
+    """The estimated peak, the seconds the estimate took, the bytes the
+    allocator counts between steps (``held_bytes``; the naive formula's
+    ``persistent_bytes``), and how much higher the
     peak may go where a recurrent loop runs ahead of its weight-gradient
     sums (``possible_extra_bytes``)."""
     import keras
@@ -193,7 +194,7 @@ def estimate_config(model: str, batch: int, opt: str,
                             method="rules" if method == "naive" else method)
     if method == "naive":
         return naive_bytes(est), time.time() - t0, est.persistent_bytes, 0
-    return est.peak_bytes, time.time() - t0, est.persistent_bytes, est.possible_extra_bytes
+    return est.peak_bytes, time.time() - t0, est.held_bytes, est.possible_extra_bytes
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,7 +36,10 @@ place:
   gradient as they become ready together (a product's ``dy * b`` and
   ``dy * a``) writes neither into it while the second thread is free, as
   TensorFlow runs them side by side then
-  (``keras_memscope.schedule.SIDE_BY_SIDE_GRADIENTS``).
+  (``keras_memscope.schedule.SIDE_BY_SIDE_GRADIENTS``);
+* ``update-busy``: with ``read-together``, an optimizer update made during
+  the backward pass holds the second thread for its simulated seconds too
+  (``keras_memscope.schedule.UPDATES_HOLD_THE_THREAD``).
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 VARIANTS = ("first-chunk", "matmul-shapes", "onednn-speeds", "ratio", "add-pass-through",
-            "read-together")
+            "read-together", "update-busy")
 
 G = 1e9
 #: medians of three calibrations (``memscope.calibrate("cpu")``) of a 2-core
@@ -86,6 +89,9 @@ def variants(names: Sequence[str], ratio_sigma: float = 0.22) -> Iterator[None]:
     saved_times = estimator._scaled_times
     saved_pass = schedule.PASS_THROUGH_GRADIENTS
     saved_side = schedule.SIDE_BY_SIDE_GRADIENTS
+    saved_busy = schedule.UPDATES_HOLD_THE_THREAD
+    if "update-busy" in names:
+        schedule.UPDATES_HOLD_THE_THREAD = True
     if "read-together" in names:
         schedule.SIDE_BY_SIDE_GRADIENTS = True
     if "add-pass-through" in names:
@@ -123,6 +129,7 @@ def variants(names: Sequence[str], ratio_sigma: float = 0.22) -> Iterator[None]:
         allocator.BFCModel.__init__ = saved_init  # type: ignore[method-assign]
         estimator._scaled_times = saved_times
         schedule.PASS_THROUGH_GRADIENTS = saved_pass
+        schedule.UPDATES_HOLD_THE_THREAD = saved_busy
         schedule.SIDE_BY_SIDE_GRADIENTS = saved_side
 
 

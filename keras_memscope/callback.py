@@ -222,7 +222,8 @@ class MemScopeCallback(keras.callbacks.Callback):
         est = self.estimate
         line = (f"memscope: estimated training-step peak {human_bytes(est.peak_bytes)}"
                 f" per device at batch {est.batch_size} ({est.optimizer}, {est.device};"
-                f" persistent {human_bytes(est.persistent_bytes)})")
+                f" persistent {human_bytes(est.persistent_bytes)}, held between steps"
+                f" {human_bytes(est.held_bytes or est.persistent_bytes)})")
         (self.print_fn or logger.info)(line)
 
     def _on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
@@ -278,10 +279,13 @@ class MemScopeCallback(keras.callbacks.Callback):
         if peak <= est.peak_bytes * (1 + self.tolerance):
             return
         over = peak / est.peak_bytes - 1
-        if current > est.persistent_bytes * (1 + self.tolerance):
+        # (the allocator counts the persistent tensors in its chunks)
+        held = est.held_bytes or est.persistent_bytes
+        if current > held * (1 + self.tolerance):
             cause = (f"memory held between steps is {human_bytes(current)} against "
-                     f"{human_bytes(est.persistent_bytes)} estimated (weights, optimizer state, "
-                     "batch): other tensors or models are alive in this process")
+                     f"{human_bytes(held)} estimated (weights, optimizer state, batch, "
+                     "in the allocator's chunks): other tensors or models are alive in "
+                     "this process")
         else:
             holder = est.peak_holders[0] if est.peak_holders else None
             biggest = (f"; the largest estimated holder is {holder.kind} of {holder.layer}"

@@ -617,6 +617,7 @@ def estimate(
         allocator_bytes=result.allocator_bytes,
         released_bytes=result.released_bytes,
         constants_bytes=result.constants_bytes,
+        held_bytes=nominal.held_bytes,
         overhead_bytes=profile.overhead_bytes,
         saved_activations_bytes=result.saved_activations_bytes,
         forward_macs=sum(r.forward_macs for r in records),

@@ -166,6 +166,12 @@ class MemoryEstimate:
     a CPU's two gradient streams (``DeviceProfile.order_histories``), the
     nominal order first; the estimate is the highest of them. Empty where
     one order was simulated.
+    ``held_bytes`` is what the allocator counts in use between two steps
+    (``get_memory_info()["current"]`` before a step): the persistent part in
+    the chunks the simulated allocator holds it in, which may be larger than
+    the requests (BFC does not split a free chunk under twice a request
+    when the rest is under 128 MiB: VGG16's 392 MiB Adam slot in a 512 MiB
+    chunk). 0 where no step was simulated.
     """
 
     model_name: str
@@ -205,6 +211,7 @@ class MemoryEstimate:
     released_bytes: int = 0
     history_peaks: tuple[int, ...] = ()
     constants_bytes: int = 0
+    held_bytes: int = 0
 
     @property
     def no_reuse_bytes(self) -> int:

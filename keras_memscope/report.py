@@ -57,6 +57,8 @@ def totals_rows(est: MemoryEstimate) -> list[list[str]]:
         ["= allocator peak", human_bytes(est.peak_bytes)],
         [f"runtime overhead ({est.device})", human_bytes(est.overhead_bytes)],
         ["= total", human_bytes(est.total_bytes)],
+        *([["held between steps, in the allocator's chunks", human_bytes(est.held_bytes)]]
+          if est.held_bytes else []),
     ]
 
 

@@ -118,6 +118,10 @@ class StepResult:
     released_bytes: int = 0
     #: grappler's folded constants held between steps (in ``baseline_bytes``)
     constants_bytes: int = 0
+    #: what the allocator counts in use between two measured steps (the
+    #: lowest before one), chunks included: ``baseline_bytes`` as the
+    #: allocator holds it
+    held_bytes: int = 0
 
 
 def folded_constants(ops: Sequence[LayerOp],
@@ -252,6 +256,15 @@ PASS_THROUGH_GRADIENTS: frozenset[str] = frozenset()
 #: and not adopted: benchmarks/RESULTS.md, "A product's two gradients side
 #: by side (tried, not adopted)".
 SIDE_BY_SIDE_GRADIENTS = False
+#: With :data:`SIDE_BY_SIDE_GRADIENTS`, whether an optimizer update that
+#: runs during the backward pass also holds the second thread, for
+#: ``update_time`` seconds from when its gradient is written (an allocator
+#: trace of the GELU MLP under RematScope: Adam's ``Square``, ``Sqrt`` and
+#: ``Mul`` of an earlier layer made between the recomputed GELU's tensors).
+#: Tried (``benchmarks.ordering_variants --variants read-together
+#: update-busy``) and not adopted: benchmarks/RESULTS.md, "A product's two
+#: gradients side by side (tried, not adopted)".
+UPDATES_HOLD_THE_THREAD = False
 
 
 def _addition_trees(flats: Sequence[_Flat], made: dict[int, int]) -> dict[int, set[int]]:
@@ -956,8 +969,14 @@ def simulate(
             else:
                 sim.free(bid)
         queue: deque[tuple[int, int]] = deque()
+        # when the updates started during the backward pass leave the
+        # second thread (UPDATES_HOLD_THE_THREAD), and the time now
+        update_busy = [0.0, 0.0]
 
         def run_update(key: int, bid: int, final: bool = False, beside: bool = False) -> None:
+            if UPDATES_HOLD_THE_THREAD and update_time is not None and times:
+                update_busy[0] = (max(update_busy[0], update_busy[1])
+                                  + update_time(weight_bytes[key]))
             if key in accumulator and not updating:
                 # accumulator + gradient, written into the gradient's buffer,
                 # which the accumulator keeps
@@ -1171,7 +1190,8 @@ def simulate(
                         if not j.started and j.start <= now]
                 if not due:
                     return
-                _, ending, _, job = min(due, key=lambda e: e[:3])
+                when, ending, _, job = min(due, key=lambda e: e[:3])
+                update_busy[1] = when
                 if ending == 0:
                     jobs.remove(job)
                     end_job(job)
@@ -1191,6 +1211,7 @@ def simulate(
                 continue
             op, p = f.op, f.prim
             advance(clock)
+            update_busy[1] = clock
             out_grads = [grad_of.pop(t) for t in f.outs if t in grad_of]
             xts = [t for t in f.input_grads if t not in weight_of]
             wts = [t for t in f.input_grads if t in weight_of]
@@ -1198,7 +1219,8 @@ def simulate(
             # by side while the second thread is free: neither writes into it)
             side_by_side = (SIDE_BY_SIDE_GRADIENTS and p.grad_read_together
                             and times is not None
-                            and not any(j.left > 0 for j in jobs))
+                            and not any(j.left > 0 for j in jobs)
+                            and update_busy[0] <= clock)
             reusable = ([b for b in out_grads if not grad_shares[b]]
                         if p.grad_inplace and not side_by_side else [])
             passed = ([t for t in xts if round_up(tensor_bytes[t], granule)
@@ -1325,8 +1347,10 @@ def simulate(
     sim.allocator.reset_peak()
     sim.recording = True
     best: tuple | None = None
+    held = None
     for updating in updates:
         sim.peak, sim.timeline, sim.allocated = 0, [], 0
+        held = sim.live if held is None else min(held, sim.live)
         run_step(updating)
         if best is None or sim.peak > best[0]:
             best = (sim.peak, sim.peak_phase, sim.peak_snapshot, sim.timeline, sim.allocated,
@@ -1363,6 +1387,7 @@ def simulate(
         accumulator_zeros_bytes=zeros_bytes,
         constants_bytes=constants_bytes,
         copied_weights=frozenset(copy_on_write),
+        held_bytes=held or 0,
     )
 
 

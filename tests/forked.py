@@ -36,6 +36,7 @@ SERVER = r"""
 import json, os, sys, traceback
 import tensorflow, keras
 control_in, control_out = sys.stdin.buffer, os.fdopen(os.dup(1), "w")
+control_out.write(json.dumps({"ready": True}) + "\n"); control_out.flush()
 for line in control_in:
     req = json.loads(line)
     sys.stdout.flush(); sys.stderr.flush()
@@ -70,6 +71,10 @@ for line in control_in:
 """
 
 
+#: Seconds a server may take to import TensorFlow and Keras.
+IMPORT_TIMEOUT_S = 900
+
+
 class Server:
     """One importing server for an environment (the BFC allocator on)."""
 
@@ -78,6 +83,9 @@ class Server:
         self.proc = subprocess.Popen([sys.executable, "-c", SERVER], env=self.env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True)
+        # importing TensorFlow the first time after an install (a cold disk,
+        # the other tests' processes beside it) may take minutes
+        self._line(IMPORT_TIMEOUT_S)
 
     def _line(self, timeout: float | None) -> dict:
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)

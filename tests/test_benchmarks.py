@@ -173,6 +173,28 @@ def test_ordering_variants_change_the_model_and_put_it_back():
     with variants(["add-pass-through"]):
         assert "AddV2" in schedule.PASS_THROUGH_GRADIENTS
     assert not schedule.PASS_THROUGH_GRADIENTS
+    with variants(["read-together", "update-busy"]):
+        assert schedule.SIDE_BY_SIDE_GRADIENTS and schedule.UPDATES_HOLD_THE_THREAD
+    assert not schedule.SIDE_BY_SIDE_GRADIENTS and not schedule.UPDATES_HOLD_THE_THREAD
+
+
+def test_op_timeline_prints_the_chosen_ops_of_each_step(capsys, monkeypatch):
+    from benchmarks import op_timeline
+
+    # main() sets the allocator variables a measuring process has; in this
+    # process they would make later measure() calls run here, not fresh
+    for name, value in (("TF_CPU_ALLOCATOR_USE_BFC", "true"), ("TF_CPP_MIN_LOG_LEVEL", "3")):
+        monkeypatch.setenv(name, value)
+
+    assert op_timeline.main(["--model", "tests.models:small_cnn", "--batch", "4",
+                             "--optimizer", "sgd", "--steps", "2",
+                             "--ops", "Conv2DBackpropFilter"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("step ") == 2
+    # the one convolution's filter gradient, once in each step
+    assert sum("Conv2DBackpropFilter" in line for line in out.splitlines()) == 2, out
+    with pytest.raises(SystemExit):
+        op_timeline.main(["--model", "cnn", "--batch", "4", "--ops", "("])
 
 
 def test_range_error_is_the_nearer_ends():

@@ -142,6 +142,25 @@ def test_persistent_cause_named():
         model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[cb])
 
 
+def test_held_memory_in_the_allocators_chunks_is_not_blamed():
+    """Between steps the allocator counts the persistent tensors in its
+    chunks (``held_bytes``), more than their requests: such a reading is
+    not taken for other tensors alive in the process."""
+    from benchmarks import zoo
+
+    model = zoo.upconv1d()
+    model.compile(optimizer="adagrad", loss="mse")  # 1.64 MiB requested, 2.04 held (b64)
+    est = memscope.estimate(model, 64, device="cpu")
+    assert est.held_bytes > 1.1 * est.persistent_bytes
+    src = FakeSource(["CPU:0"], peak=3 * est.peak_bytes, current=est.held_bytes)
+    cb = memscope.MemScopeCallback(batch_size=64, device="cpu", memory_source=src,
+                                   tolerance=0.1, print_fn=lambda s: None)
+    x, y = np.zeros((128, 250, 8), "float32"), np.zeros((128, 250, 8), "float32")
+    with pytest.warns(UserWarning, match="transient memory") as rec:
+        model.fit(x, y, batch_size=64, epochs=1, verbose=0, callbacks=[cb])
+    assert not any("held between steps" in str(w.message) for w in rec)
+
+
 def test_broken_source_never_breaks_training(tmp_path):
     model = small_model()
     x, y = data()

@@ -591,6 +591,11 @@ def test_a_products_two_gradients_run_side_by_side(monkeypatch):
     # a buffer of its own while the second thread is free
     monkeypatch.setattr(schedule, "SIDE_BY_SIDE_GRADIENTS", True)
     assert step_at_the_product(model()) >= 2**20
+    # (also tried: an update made during the backward pass holds the second
+    # thread, here the last Dense's SGD update, made just before)
+    monkeypatch.setattr(schedule, "UPDATES_HOLD_THE_THREAD", True)
+    assert step_at_the_product(model()) < 2**20
+    monkeypatch.setattr(schedule, "UPDATES_HOLD_THE_THREAD", False)
     # by default written into the incoming gradient, as where the ops are
     # not known to be ready together
     monkeypatch.setattr(schedule, "SIDE_BY_SIDE_GRADIENTS", False)
