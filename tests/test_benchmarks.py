@@ -208,3 +208,21 @@ def test_range_error_is_the_nearer_ends():
     assert range_error(80, 126, 77) == pytest.approx(3 / 77)
     assert range_error(13, 15.5, 16.2) == pytest.approx(-0.7 / 16.2)
     assert range_error(90, 90, 100) == pytest.approx(-0.1)
+
+
+def test_gpu_check_runs_its_code_path_on_the_cpu(tmp_path, capsys):
+    """benchmarks.gpu_check with ``--kind cpu``: estimate and a fresh
+    measuring process per configuration, the row's error against the
+    highest step, written as JSON."""
+    import json
+
+    from benchmarks import gpu_check
+
+    out = tmp_path / "rows.json"
+    assert gpu_check.main(["--kind", "cpu", "--configs", "mlp:32:sgd", "--steps", "2",
+                           "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert row["device"] == "cpu" and len(row["measured_steps"]) == 2
+    assert row["error"] == pytest.approx(row["estimate"] / max(row["measured_steps"]) - 1)
+    assert abs(row["error"]) <= 0.15, row  # the zoo MLP b32 SGD: -3.0% in benchmarks.accuracy
+    assert "median |error|" in capsys.readouterr().out
