@@ -173,6 +173,11 @@ def test_ordering_variants_change_the_model_and_put_it_back():
     with variants(["add-pass-through"]):
         assert "AddV2" in schedule.PASS_THROUGH_GRADIENTS
     assert not schedule.PASS_THROUGH_GRADIENTS
+    with variants(["onednn-conv-ratios"]):
+        rates = timing.NOMINAL_CPU_SPEEDS["rates"]
+        assert rates["conv_filter_grad"] / rates["conv_input_grad"] == pytest.approx(363 / 482.9)
+        assert rates["conv"] == nominal["rates"]["conv"]
+    assert timing.NOMINAL_CPU_SPEEDS is nominal
     with variants(["read-together", "update-busy"]):
         assert schedule.SIDE_BY_SIDE_GRADIENTS and schedule.UPDATES_HOLD_THE_THREAD
     assert not schedule.SIDE_BY_SIDE_GRADIENTS and not schedule.UPDATES_HOLD_THE_THREAD
