@@ -69,7 +69,8 @@ class Prim:
             memory (a normalization's moments read the input twice and write a
             temporary): multiplies its bytes moved, for the time model.
         kernel: the kernel family for the time model: ``"matmul"``,
-            ``"conv"``, ``"reduce"``, or ``""`` (element-wise).
+            ``"conv"``, ``"conv_transpose"`` (a transposed convolution),
+            ``"reduce"``, or ``""`` (element-wise).
         gemm_min_dim: for a matmul, its smallest dimension (rows, contraction
             or columns): skinny matrix products run far below peak speed.
         out_channels: for a convolution, its output channels (oneDNN's

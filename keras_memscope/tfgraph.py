@@ -65,10 +65,11 @@ FORWARDING_GRAD_OPS = {
     "ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "SigmoidGrad", "TanhGrad", "SoftplusGrad",
     "SoftsignGrad", "RsqrtGrad", "SqrtGrad", "ReciprocalGrad", "LeakyReluGrad", "AddN",
 }
-#: Kernel families for the time model.
+#: Kernel families for the time model (a transposed convolution runs a
+#: convolution's input-gradient kernel forward, a convolution backward).
 _FAMILY = {"MatMul": "matmul", "BatchMatMulV2": "matmul", "BatchMatMulV3": "matmul",
            "Einsum": "matmul", "Conv2D": "conv", "Conv3D": "conv", "Conv1D": "conv",
-           "DepthwiseConv2dNative": "conv", "Conv2DBackpropInput": "conv",
+           "DepthwiseConv2dNative": "conv", "Conv2DBackpropInput": "conv_transpose",
            "Mean": "reduce", "Sum": "reduce", "Max": "reduce"}
 
 _CACHE: dict[str, list[Prim]] = {}

@@ -177,8 +177,9 @@ def forward_seconds(c: PrimCost, profile: DeviceProfile, dtype: str = "float32")
     if not c.forward_flops and not c.forward_bytes:
         return 0.0  # a view: no kernel runs
     lanes = conv_lane_factor(c.out_channels, profile)  # (1 but for convolutions)
+    family = "conv_input_grad" if c.kernel == "conv_transpose" else c.kernel
     return op_time(c.forward_flops * lanes, c.forward_bytes, profile, dtype,
-                   family=c.kernel, min_dim=c.gemm_min_dim) + first_touch_time(
+                   family=family, min_dim=c.gemm_min_dim) + first_touch_time(
         c.forward_allocs, profile)
 
 
@@ -192,8 +193,10 @@ def backward_seconds(c: PrimCost, profile: DeviceProfile,
     if not (bwd_flops or c.backward_bytes):
         return 0.0, 0.0
     parts = (c.backward_input_flops, c.backward_weight_flops)
-    if c.kernel in ("conv", "matmul") and bwd_flops:
+    if c.kernel in ("conv", "conv_transpose", "matmul") and bwd_flops:
+        # (a transposed convolution's input gradient is a forward convolution)
         families = (("conv_input_grad", "conv_filter_grad") if c.kernel == "conv"
+                    else ("conv", "conv_filter_grad") if c.kernel == "conv_transpose"
                     else MATMUL_GRAD_FAMILIES)
         # (a convolution's filter gradient works on its output channels too)
         scale = (1.0, conv_lane_factor(c.out_channels, profile))

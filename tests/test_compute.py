@@ -297,3 +297,39 @@ def test_convolution_into_few_channels_takes_a_vectors_time():
     assert measured > 0.5, best  # far from the 1/16 of the multiply-accumulates
     assert conv_lane_factor(1, profile) == lanes
     assert modelled(1) / modelled(lanes) > 0.5  # (0.07 by the MACs alone)
+
+
+def test_a_transposed_convolution_is_timed_as_the_kernels_it_runs():
+    """Conv2DTranspose runs a convolution's input-gradient kernel forward
+    (Conv2DBackpropInput) and a forward convolution for its own input
+    gradient: the time model takes each at that kernel's speed."""
+    import dataclasses
+
+    from keras_memscope import tfgraph
+    from keras_memscope.devices import get_device
+    from keras_memscope.graph import trace_model
+    from keras_memscope.schedule import PrimCost
+    from keras_memscope.timing import backward_seconds, forward_seconds, ordering_profile
+
+    model = keras.Sequential([keras.Input((8, 8, 16)),
+                              layers.Conv2DTranspose(32, 3, strides=2, padding="same")])
+    call = next(c for c in trace_model(model, 4).calls if "transpose" in c.name)
+    kernels = {p.name: p.kernel for p in tfgraph.traced_prims(call)}
+    assert "conv_transpose" in kernels.values(), kernels
+    profile = dataclasses.replace(ordering_profile(get_device("cpu")), op_overhead_s=0.0,
+                                  peak_flops={"float32": 1e12},
+                                  rates={"conv": 1e11, "conv_input_grad": 2e11,
+                                         "conv_filter_grad": 5e10})
+    flops = 10**9  # large enough that the bytes do not decide
+    cost = PrimCost(layer_index=0, forward_flops=flops, forward_bytes=0,
+                    backward_input_flops=flops, backward_weight_flops=flops,
+                    backward_bytes=0, macs=flops // 2, kernel="conv_transpose",
+                    gemm_min_dim=0, recomputed=False, forward_allocs=(),
+                    backward_allocs=(), out_channels=0)
+    assert forward_seconds(cost, profile) == pytest.approx(flops / 2e11, rel=0.01)
+    t_in, t_w = backward_seconds(cost, profile)
+    assert t_in == pytest.approx(flops / 1e11, rel=0.01)  # a forward convolution
+    assert t_w == pytest.approx(flops / 5e10, rel=0.01)
+    plain = dataclasses.replace(cost, kernel="conv")
+    assert forward_seconds(plain, profile) == pytest.approx(flops / 1e11, rel=0.01)
+    assert backward_seconds(plain, profile)[0] == pytest.approx(flops / 2e11, rel=0.01)
