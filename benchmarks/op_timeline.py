@@ -41,8 +41,6 @@ def op_events(path: str) -> list[tuple[int, int, str, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True,
                         help="a function of benchmarks.zoo, or module:function")
@@ -79,4 +77,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # a measuring process's allocator (here, not in main(): a process that
+    # calls main() keeps its own setting, and measure() runs in a process
+    # with the BFC allocator on instead of starting a fresh one)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
     sys.exit(main())

@@ -183,13 +183,12 @@ def test_ordering_variants_change_the_model_and_put_it_back():
     assert not schedule.SIDE_BY_SIDE_GRADIENTS and not schedule.UPDATES_HOLD_THE_THREAD
 
 
-def test_op_timeline_prints_the_chosen_ops_of_each_step(capsys, monkeypatch):
+def test_op_timeline_prints_the_chosen_ops_of_each_step(capsys):
+    import os
+
     from benchmarks import op_timeline
 
-    # main() sets the allocator variables a measuring process has; in this
-    # process they would make later measure() calls run here, not fresh
-    for name, value in (("TF_CPU_ALLOCATOR_USE_BFC", "true"), ("TF_CPP_MIN_LOG_LEVEL", "3")):
-        monkeypatch.setenv(name, value)
+    before = os.environ.get("TF_CPU_ALLOCATOR_USE_BFC")
 
     assert op_timeline.main(["--model", "tests.models:small_cnn", "--batch", "4",
                              "--optimizer", "sgd", "--steps", "2",
@@ -200,6 +199,9 @@ def test_op_timeline_prints_the_chosen_ops_of_each_step(capsys, monkeypatch):
     assert sum("Conv2DBackpropFilter" in line for line in out.splitlines()) == 2, out
     with pytest.raises(SystemExit):
         op_timeline.main(["--model", "cnn", "--batch", "4", "--ops", "("])
+    # main() leaves this process's allocator setting alone: with the BFC
+    # variable set, later measure() calls would run here, not fresh
+    assert os.environ.get("TF_CPU_ALLOCATOR_USE_BFC") == before
 
 
 def test_range_error_is_the_nearer_ends():
