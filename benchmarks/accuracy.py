@@ -128,6 +128,17 @@ def named_optimizer(name: str) -> Any:
     return keras.optimizers.deserialize(OPTIMIZERS[name]) if name in OPTIMIZERS else name
 
 
+def add_model_arguments(parser: Any) -> None:
+    """``--model``, ``--batch`` and ``--optimizer`` of a benchmark that runs
+    one configuration (``zoo.named`` and :func:`named_optimizer` read them)."""
+    parser.add_argument("--model", required=True,
+                        help="a function of benchmarks.zoo, or module:function")
+    parser.add_argument("--batch", type=int, required=True)
+    parser.add_argument("--optimizer", default="adam",
+                        help="a Keras optimizer's name, or one with options named in "
+                             "benchmarks.accuracy.OPTIMIZERS (e.g. rmsprop-centered)")
+
+
 #: models trained with their own loss (compiled, or measure's default)
 OWN_LOSS = ("gru", "unet", "autoencoder", "twotower", "skipnet", "timedistributed", "causal",
             "subclassed", "vae", "generator", "siamese", "deeplab", "crnn", "selunet",

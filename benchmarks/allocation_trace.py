@@ -112,13 +112,10 @@ def simulated_events(model: str, batch: int, optimizer: str) -> list[tuple]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from benchmarks.accuracy import add_model_arguments
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True,
-                        help="a function of benchmarks.zoo, or module:function")
-    parser.add_argument("--batch", type=int, required=True)
-    parser.add_argument("--optimizer", default="adam",
-                        help="a Keras optimizer's name, or one with options named in "
-                             "benchmarks.accuracy.OPTIMIZERS (e.g. rmsprop-centered)")
+    add_model_arguments(parser)
     parser.add_argument("--steps", type=int, default=1, help="steps after the warm-up (real)")
     parser.add_argument("--source", choices=("real", "estimate"), default="real")
     parser.add_argument("--min-kib", type=float, default=64,

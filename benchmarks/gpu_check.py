@@ -1,13 +1,14 @@
 """The graph method against a GPU's allocator: estimate against measured peak.
 
-Each configuration is measured in a fresh process (``memscope.measure``
-with ``device="gpu"``: ``reset_memory_stats("GPU:0")`` before each step,
+Each configuration is measured in a fresh process, as
+``benchmarks.accuracy`` measures (``measure_subprocess`` with
+``device="gpu"``: ``reset_memory_stats("GPU:0")`` before each step,
 ``get_memory_info("GPU:0")["peak"]`` after it, the highest of ``--steps``
 steps after a warm-up step; ``jit_compile=False``, the executor the
-estimate follows). The estimates are made in this process for the named
-device profile, with the GPU hidden from it (``CUDA_VISIBLE_DEVICES`` is
-emptied before TensorFlow is imported, so that building the models takes
-no GPU memory from the measuring processes).
+estimate follows). The estimates are made in this process for the named device
+profile, with the GPUs hidden from its TensorFlow
+(``tf.config.set_visible_devices``), so that building the models takes no
+GPU memory from the measuring processes.
 
     python -m benchmarks.gpu_check --device h200 --json gpu.json
     python -m benchmarks.gpu_check --kind cpu --configs mlp:256:sgd   # the code path, no GPU
@@ -23,7 +24,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -39,41 +39,10 @@ CONFIGS = [
     ("lstm", 32, "adam"),
 ]
 
-MEASURE = r"""
-import json, sys
-import keras_memscope as memscope
-from benchmarks import zoo
-from benchmarks.accuracy import named_optimizer
-name, opt, kind = sys.argv[1], sys.argv[3], sys.argv[4]
-batch, steps = int(sys.argv[2]), int(sys.argv[5])
-m = memscope.measure(getattr(zoo, name)(), batch, optimizer=named_optimizer(opt), steps=steps,
-                     device=kind)
-print(json.dumps({"step_peak_bytes": list(m.step_peak_bytes),
-                  "persistent_bytes": m.persistent_bytes}))
-"""
-
 
 def _parse_config(text: str) -> tuple[str, int, str]:
     name, batch, opt = text.split(":")
     return name, int(batch), opt
-
-
-def measure_fresh(name: str, batch: int, opt: str, kind: str, steps: int,
-                  visible: str | None = None) -> dict:
-    """One configuration measured in a process of its own, which sees the
-    GPUs ``visible`` names (``CUDA_VISIBLE_DEVICES``; None: all)."""
-    env = dict(os.environ)
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    if visible is not None:
-        env["CUDA_VISIBLE_DEVICES"] = visible
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    proc = subprocess.run([sys.executable, "-c", MEASURE, name, str(batch), opt, kind,
-                           str(steps)], capture_output=True, text=True, env=env, timeout=900,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    if proc.returncode != 0:
-        raise RuntimeError(f"{name} b{batch} {opt}: " + " | ".join(
-            proc.stderr.strip().splitlines()[-3:]))
-    return json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,42 +58,40 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configs = args.configs or CONFIGS
     device = args.device if args.kind == "gpu" else "cpu"
-    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # this process estimates only
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    try:
-        import keras
+    import keras
+    import tensorflow as tf
 
-        import keras_memscope as memscope
+    import keras_memscope as memscope
+    from keras_memscope.measure import measure_subprocess
 
-        from . import zoo
-        from .accuracy import named_optimizer
+    from . import zoo
+    from .accuracy import OPTIMIZERS, named_optimizer
 
-        rows = []
-        for name, batch, opt in configs:
-            keras.utils.clear_session()
-            t0 = time.time()
-            est = memscope.estimate(getattr(zoo, name)(), batch,
-                                    optimizer=named_optimizer(opt), device=device)
-            seconds = time.time() - t0
-            measured = measure_fresh(name, batch, opt, args.kind, args.steps, saved)
-            peak = max(measured["step_peak_bytes"])
-            rows.append({"model": name, "batch": batch, "optimizer": opt,
-                         "device": device, "kind": args.kind,
-                         "estimate": est.peak_bytes, "history_peaks": list(est.history_peaks),
-                         "held_estimate": est.held_bytes,
-                         "measured_steps": measured["step_peak_bytes"],
-                         "measured_held": measured["persistent_bytes"],
-                         "error": est.peak_bytes / peak - 1, "estimate_seconds": seconds})
-            print(f"{name} b{batch} {opt}: estimate {est.peak_bytes / 2**20:.1f} MiB, measured "
-                  f"{min(measured['step_peak_bytes']) / 2**20:.1f}-{peak / 2**20:.1f} MiB, "
-                  f"{rows[-1]['error']:+.1%}; held {est.held_bytes / 2**20:.1f} against "
-                  f"{measured['persistent_bytes'] / 2**20:.1f} MiB", flush=True)
-    finally:
-        if saved is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = saved
+    if tf.config.list_physical_devices("GPU"):
+        tf.config.set_visible_devices([], "GPU")  # this process estimates only
+    rows = []
+    for name, batch, opt in configs:
+        keras.utils.clear_session()
+        t0 = time.time()
+        est = memscope.estimate(getattr(zoo, name)(), batch,
+                                optimizer=named_optimizer(opt), device=device)
+        seconds = time.time() - t0
+        measured = measure_subprocess({"builder": f"benchmarks.zoo:{name}",
+                                       "batch_size": batch,
+                                       "optimizer": OPTIMIZERS.get(opt, opt),
+                                       "steps": args.steps, "device": args.kind})
+        peak = max(measured["step_peak_bytes"])
+        rows.append({"model": name, "batch": batch, "optimizer": opt,
+                     "device": device, "kind": args.kind,
+                     "estimate": est.peak_bytes, "history_peaks": list(est.history_peaks),
+                     "held_estimate": est.held_bytes,
+                     "measured_steps": measured["step_peak_bytes"],
+                     "measured_held": measured["persistent_bytes"],
+                     "error": est.peak_bytes / peak - 1, "estimate_seconds": seconds})
+        print(f"{name} b{batch} {opt}: estimate {est.peak_bytes / 2**20:.1f} MiB, measured "
+              f"{min(measured['step_peak_bytes']) / 2**20:.1f}-{peak / 2**20:.1f} MiB, "
+              f"{rows[-1]['error']:+.1%}; held {est.held_bytes / 2**20:.1f} against "
+              f"{measured['persistent_bytes'] / 2**20:.1f} MiB", flush=True)
     errors = [abs(r["error"]) for r in rows]
     print(f"{len(rows)} configurations on {args.kind} ({device}): median |error| "
           f"{statistics.median(errors):.1%}, worst {max(errors):.1%}")
@@ -135,4 +102,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     sys.exit(main())

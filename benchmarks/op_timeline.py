@@ -20,34 +20,11 @@ import re
 import sys
 
 
-def op_events(path: str) -> list[tuple[int, int, str, str]]:
-    """(start ps, end ps, thread, ``name:type``) of every TensorFlow op in a
-    profiler XSpace file, in time order."""
-    from keras_memscope.measure import _load_xspace
-
-    found = []
-    for plane in _load_xspace(path).planes:
-        names = {k: v.name for k, v in plane.event_metadata.items()}
-        for line in plane.lines:
-            if not line.name.startswith("tf_Compute") and "Executor" not in line.name:
-                continue
-            for ev in line.events:
-                name = names.get(ev.metadata_id, "")
-                if name.count(":") != 1:  # an op is "name:type"
-                    continue
-                start = line.timestamp_ns * 1000 + ev.offset_ps
-                found.append((start, start + ev.duration_ps, line.name, name))
-    return sorted(found)
-
-
 def main(argv: list[str] | None = None) -> int:
+    from .accuracy import add_model_arguments, named_optimizer
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True,
-                        help="a function of benchmarks.zoo, or module:function")
-    parser.add_argument("--batch", type=int, required=True)
-    parser.add_argument("--optimizer", default="adam",
-                        help="a Keras optimizer's name, or one with options named in "
-                             "benchmarks.accuracy.OPTIMIZERS")
+    add_model_arguments(parser)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--ops", required=True, help="regular expression over name:type")
     args = parser.parse_args(argv)
@@ -56,16 +33,15 @@ def main(argv: list[str] | None = None) -> int:
     except re.error as exc:
         parser.error(f"--ops is not a regular expression: {exc}")
 
-    from keras_memscope.measure import _profiled, run_steps
+    from keras_memscope.measure import _op_events, _profiled, run_steps
 
     from . import zoo
-    from .accuracy import named_optimizer
 
     model = zoo.named(args.model)
     steps: list[list[tuple[int, int, str, str]]] = []
     run_steps(model, args.batch, optimizer=named_optimizer(args.optimizer),
               loss=getattr(model, "loss", None), steps=args.steps, device="cpu",
-              around_step=lambda step: steps.append(_profiled(step, op_events)))
+              around_step=lambda step: steps.append(_profiled(step, _op_events)))
     for k, events in enumerate(steps, 1):
         print(f"step {k}: ms from the step's first op (start, end, duration), thread, op")
         base = events[0][0] if events else 0

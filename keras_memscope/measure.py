@@ -489,11 +489,11 @@ def _xspace_events(path: str, wanted: tuple[str, ...]) -> list[tuple[str, dict]]
     return [(name, stats) for _, name, stats in found]
 
 
-def _op_durations(path: str) -> dict[str, float]:
-    """Seconds per TensorFlow op name from a profiler XSpace file."""
-    space = _load_xspace(path)
-    out: dict[str, float] = {}
-    for plane in space.planes:
+def _op_events(path: str) -> list[tuple[int, int, str, str]]:
+    """``(start ps, end ps, executor thread, "name:Type")`` of every
+    TensorFlow op in a profiler XSpace file, in time order."""
+    found = []
+    for plane in _load_xspace(path).planes:
         names = {k: v.name for k, v in plane.event_metadata.items()}
         for line in plane.lines:
             if not line.name.startswith("tf_Compute") and "Executor" not in line.name:
@@ -503,6 +503,15 @@ def _op_durations(path: str) -> dict[str, float]:
                 # ops are "name:Type"; executor bookkeeping is "Class::method"
                 if name.count(":") != 1:
                     continue
-                op = name.rsplit(":", 1)[0]
-                out[op] = out.get(op, 0.0) + ev.duration_ps * 1e-12
+                start = line.timestamp_ns * 1000 + ev.offset_ps
+                found.append((start, start + ev.duration_ps, line.name, name))
+    return sorted(found)
+
+
+def _op_durations(path: str) -> dict[str, float]:
+    """Seconds per TensorFlow op name from a profiler XSpace file."""
+    out: dict[str, float] = {}
+    for start, end, _, name in _op_events(path):
+        op = name.rsplit(":", 1)[0]
+        out[op] = out.get(op, 0.0) + (end - start) * 1e-12
     return out
