@@ -18,6 +18,7 @@ forked from one that has imported TensorFlow (``benchmarks.machine.processes``).
     python -m benchmarks.accuracy --blind         # estimated in the round after --untried
     python -m benchmarks.accuracy --unmet         # estimated in the round after --blind
     python -m benchmarks.accuracy --unheard       # estimated in the round after --unmet
+    python -m benchmarks.accuracy --unvisited     # estimated in the round after --unheard
     python -m benchmarks.accuracy --only resnet50 --remeasure
 
 Relative error = (estimate - measured) / measured, against the highest
@@ -109,6 +110,12 @@ UNHEARD_CONFIGS = [
     ("sepconv1d", 64, "rmsprop-centered"), ("permutemlp", 256, "adam-clipnorm"),
     ("denoiser", 32, "adamw-amsgrad"), ("denoiser", 128, "sgd"),
 ]
+# models and optimizers first estimated in the round after the unheard set, with
+# no change to the estimator between writing them and their first figures
+UNVISITED_CONFIGS = [
+    ("unet3d", 2, "lamb"), ("ncf", 1024, "adam"), ("ncf", 4096, "sgd"),
+    ("spectral", 32, "rmsprop"), ("tokenattn", 32, "adamw"), ("poissonnet", 64, "sgd-wd"),
+]
 #: optimizers with options, by the name a configuration gives them
 OPTIMIZERS = {
     "adam-globalclip": {"class_name": "Adam", "config": {"global_clipnorm": 1.0}},
@@ -117,6 +124,7 @@ OPTIMIZERS = {
                                                          "use_ema": True}},
     "rmsprop-centered": {"class_name": "RMSprop", "config": {"centered": True}},
     "adamw-amsgrad": {"class_name": "AdamW", "config": {"amsgrad": True}},
+    "sgd-wd": {"class_name": "SGD", "config": {"momentum": 0.9, "weight_decay": 1e-4}},
 }
 
 
@@ -142,7 +150,7 @@ def add_model_arguments(parser: Any) -> None:
 #: models trained with their own loss (compiled, or measure's default)
 OWN_LOSS = ("gru", "unet", "autoencoder", "twotower", "skipnet", "timedistributed", "causal",
             "subclassed", "vae", "generator", "siamese", "deeplab", "crnn", "selunet",
-            "upconv1d", "denoiser")
+            "upconv1d", "denoiser", "unet3d", "ncf", "spectral", "tokenattn", "poissonnet")
 
 
 def _key(model: str, batch: int, opt: str) -> str:
@@ -225,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="models first estimated in the round after --blind")
     parser.add_argument("--unheard", action="store_true",
                         help="models first estimated in the round after --unmet")
+    parser.add_argument("--unvisited", action="store_true",
+                        help="models first estimated in the round after --unheard")
     parser.add_argument("--only", nargs="*", help="model names to run")
     parser.add_argument("--remeasure", action="store_true")
     parser.add_argument("--processes", type=int, default=3)
@@ -240,11 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     import keras
     import tensorflow as tf
 
-    configs = (UNHEARD_CONFIGS if args.unheard else UNMET_CONFIGS if args.unmet
-               else BLIND_CONFIGS if args.blind else UNTRIED_CONFIGS if args.untried
-               else NOVEL_CONFIGS if args.novel
-               else FRESH_CONFIGS if args.fresh else UNSEEN_CONFIGS if args.unseen
-               else HELD_OUT_CONFIGS if args.held_out else CONFIGS)
+    sets = {"unvisited": UNVISITED_CONFIGS, "unheard": UNHEARD_CONFIGS,
+            "unmet": UNMET_CONFIGS, "blind": BLIND_CONFIGS, "untried": UNTRIED_CONFIGS,
+            "novel": NOVEL_CONFIGS, "fresh": FRESH_CONFIGS, "unseen": UNSEEN_CONFIGS,
+            "held_out": HELD_OUT_CONFIGS}
+    configs = next((c for name, c in sets.items() if getattr(args, name)), CONFIGS)
     if args.only:
         configs = [c for c in configs if c[0] in args.only]
     from benchmarks import machine

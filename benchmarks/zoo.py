@@ -818,6 +818,97 @@ def denoiser() -> keras.Model:
     return model
 
 
+def unet3d() -> keras.Model:
+    """A two-level 3-D U-Net on 32 x 32 x 32 single-channel volumes: Conv3D
+    with BatchNormalization, MaxPooling3D, a stride-2 Conv3DTranspose back up
+    and a concatenated skip, a sigmoid voxel map compiled with binary focal
+    cross-entropy."""
+    inputs = keras.Input((32, 32, 32, 1))
+
+    def block(x, filters):
+        for _ in range(2):
+            x = layers.Conv3D(filters, 3, padding="same", use_bias=False)(x)
+            x = layers.ReLU()(layers.BatchNormalization()(x))
+        return x
+
+    e1 = block(inputs, 8)
+    e2 = block(layers.MaxPooling3D(2)(e1), 16)
+    up = layers.Conv3DTranspose(8, 2, strides=2, padding="same")(e2)
+    d1 = block(layers.Concatenate()([up, e1]), 8)
+    out = layers.Conv3D(1, 1, activation="sigmoid")(d1)
+    model = keras.Model(inputs, out, name="unet3d")
+    model.compile(loss="binary_focal_crossentropy")
+    return model
+
+
+def ncf() -> keras.Model:
+    """Neural collaborative filtering: user (50,000) and item (20,000)
+    Embeddings of 64, a cosine Dot beside an MLP over their concatenation, a
+    sigmoid score compiled with binary cross-entropy."""
+    user = keras.Input((1,), dtype="int32")
+    item = keras.Input((1,), dtype="int32")
+    u = layers.Flatten()(layers.Embedding(50_000, 64)(user))
+    v = layers.Flatten()(layers.Embedding(20_000, 64)(item))
+    cosine = layers.Dot(axes=1, normalize=True)([u, v])
+    h = layers.Dense(128, activation="relu")(layers.Concatenate()([u, v]))
+    h = layers.Dense(64, activation="relu")(h)
+    out = layers.Dense(1, activation="sigmoid")(layers.Concatenate()([h, cosine]))
+    model = keras.Model([user, item], out, name="ncf")
+    model.compile(loss="binary_crossentropy")
+    return model
+
+
+def spectral() -> keras.Model:
+    """A GAN-style discriminator on 64 x 64 x 3 images: four stride-2 Conv2D
+    wrapped in SpectralNormalization with LeakyReLU, global average pooling,
+    one score compiled with the hinge loss."""
+    inputs = keras.Input((64, 64, 3))
+    x = inputs
+    for filters in (32, 64, 128, 256):
+        x = layers.SpectralNormalization(layers.Conv2D(filters, 4, strides=2, padding="same"))(x)
+        x = layers.LeakyReLU(0.2)(x)
+    x = layers.GlobalAveragePooling2D()(x)
+    model = keras.Model(inputs, layers.Dense(1)(x), name="spectral")
+    model.compile(loss="hinge")
+    return model
+
+
+def tokenattn() -> keras.Model:
+    """A token model of 128 positions with dot-product Attention (Luong,
+    learned scale) over EinsumDense projections, LayerNormalization, an
+    EinsumDense feed-forward with GELU; the mean over positions to a softmax
+    over 50 topics compiled with KL divergence."""
+    tokens = keras.Input((128,), dtype="int32")
+    x = layers.Embedding(8000, 128)(tokens)
+    for _ in range(2):
+        h = layers.LayerNormalization()(x)
+        q = layers.EinsumDense("bsd,de->bse", output_shape=(None, 128))(h)
+        k = layers.EinsumDense("bsd,de->bse", output_shape=(None, 128))(h)
+        x = layers.Add()([x, layers.Attention(use_scale=True)([q, h, k])])
+        h = layers.LayerNormalization()(x)
+        h = layers.EinsumDense("bsd,de->bse", output_shape=(None, 256), bias_axes="e",
+                               activation="gelu")(h)
+        x = layers.Add()([x, layers.EinsumDense("bse,ed->bsd", output_shape=(None, 128))(h)])
+    x = layers.GlobalAveragePooling1D()(x)
+    model = keras.Model(tokens, layers.Dense(50, activation="softmax")(x), name="tokenattn")
+    model.compile(loss="kl_divergence")
+    return model
+
+
+def poissonnet() -> keras.Model:
+    """A count regressor on 512-step, 16-channel sequences: grouped Conv1D
+    (4 groups), MaxPooling1D, a second grouped Conv1D, global average
+    pooling, a softplus rate for 8 counts compiled with the Poisson loss."""
+    inputs = keras.Input((512, 16))
+    x = layers.Conv1D(64, 7, padding="same", groups=4, activation="relu")(inputs)
+    x = layers.MaxPooling1D(2)(x)
+    x = layers.Conv1D(128, 5, padding="same", groups=4, activation="relu")(x)
+    x = layers.GlobalAveragePooling1D()(x)
+    model = keras.Model(inputs, layers.Dense(8, activation="softplus")(x), name="poissonnet")
+    model.compile(loss="poisson")
+    return model
+
+
 ZOO = {f.__name__: f for f in (mlp, cnn, resnet50, mobilenetv2, vgg16, densenet121, lstm,
                                transformer)}
 HELD_OUT = {f.__name__: f for f in (unet, gru, vit, separable)}
@@ -833,6 +924,7 @@ BLIND = {f.__name__: f for f in (deeplab, crnn, moe, selunet, additive, upconv1d
                                  augmented)}
 UNMET = {f.__name__: f for f in (film, linattn, bow, convmixer)}
 UNHEARD = {f.__name__: f for f in (axialattn, emacnn, sepconv1d, permutemlp, denoiser)}
+UNVISITED = {f.__name__: f for f in (unet3d, ncf, spectral, tokenattn, poissonnet)}
 
 
 # --- large models, estimated without building their weights ------------------

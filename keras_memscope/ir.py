@@ -50,6 +50,10 @@ class Prim:
             holds them, which gives the estimate's ``possible_extra_bytes``.
         workspace_for: ``(input, bytes)`` pairs: more temporary bytes while the
             gradient with respect to that input is computed.
+        always_grads: ``(input, bytes)`` pairs: input gradients its gradient
+            computes whether they are wanted or not (an XLA-compiled gradient
+            returns every one of them): where one is not wanted (a model
+            input's), a temporary of its size while the gradient runs.
         output_pieces: ``(output, n)`` pairs: that output is n equal
             allocations (what a loop pushes one timestep at a time).
         grad_inplace: its input gradient may take over the buffer of its output
@@ -122,6 +126,7 @@ class Prim:
     backward_donors: tuple[str, ...] = ()
     backlog_parts: tuple[int, ...] = ()
     workspace_for: tuple[tuple[str, int], ...] = ()
+    always_grads: tuple[tuple[str, int], ...] = ()
     output_pieces: tuple[tuple[str, int], ...] = ()
     grad_inplace: bool = False
     grad_read_together: bool = False
@@ -226,14 +231,11 @@ def prim(
                 "sparse_grad"):
         if key in kwargs:
             kwargs[key] = tuple(kwargs[key])  # type: ignore[arg-type]
-    if "workspace_for" in kwargs:
-        given = kwargs["workspace_for"]
-        items = given.items() if isinstance(given, dict) else given  # type: ignore[union-attr]
-        kwargs["workspace_for"] = tuple((k, int(v)) for k, v in items)  # type: ignore[union-attr]
-    if "output_pieces" in kwargs:
-        given = kwargs["output_pieces"]
-        items = given.items() if isinstance(given, dict) else given  # type: ignore[union-attr]
-        kwargs["output_pieces"] = tuple((k, int(v)) for k, v in items)  # type: ignore[union-attr]
+    for key in ("workspace_for", "output_pieces", "always_grads"):  # (reference, count) pairs
+        if key in kwargs:
+            given = kwargs[key]
+            items = given.items() if isinstance(given, dict) else given  # type: ignore[union-attr]
+            kwargs[key] = tuple((k, int(v)) for k, v in items)  # type: ignore[union-attr]
     if "save_for" in kwargs:
         given = kwargs["save_for"]
         items = given.items() if isinstance(given, dict) else given  # type: ignore[union-attr]

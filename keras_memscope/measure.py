@@ -22,6 +22,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from .optimizers import by_name
 from .records import Measurement
 
 ENV_BFC = "TF_CPU_ALLOCATOR_USE_BFC"
@@ -108,6 +109,8 @@ def run_steps(model: Any, batch_size: int, *, optimizer: Any, loss: Any, steps: 
         loss = getattr(model, "loss", None) or [_default_loss(s) for s in out_shapes]
         if isinstance(loss, list) and len(loss) == 1:
             loss = loss[0]
+    if isinstance(optimizer, str):
+        optimizer = by_name(optimizer)
     model.compile(optimizer=optimizer, loss=loss, jit_compile=False)
     names = list(getattr(model, "output_names", None) or [])
     if isinstance(loss, dict):  # one loss per named output
@@ -258,7 +261,7 @@ def measure(
         in_process = device == "gpu" or os.environ.get(ENV_BFC, "").lower() == "true"
     if in_process:
         clone = keras.models.clone_model(model)
-        opt = keras.optimizers.get(opt_spec) if isinstance(opt_spec, str) else \
+        opt = by_name(opt_spec) if isinstance(opt_spec, str) else \
             keras.optimizers.deserialize(opt_spec)
         raw = run_steps(clone, batch_size, optimizer=opt, loss=loss, steps=steps,
                         device=device, input_shape=input_shape)
@@ -402,6 +405,8 @@ def profile_step(model: Any, batch_size: int, *, optimizer: Any = "adam", loss: 
     x = xs[0] if len(xs) == 1 else xs
     out_shape = tuple(model.outputs[0].shape) if getattr(model, "outputs", None) else None
     loss = loss or (_default_loss(out_shape) if out_shape else "mse")
+    if isinstance(optimizer, str):
+        optimizer = by_name(optimizer)
     model.compile(optimizer=optimizer, loss=loss, jit_compile=False)
     if "sparse" in str(loss):
         y = synthetic_tensor((batch_size, *out_shape[1:-1]), "int32")

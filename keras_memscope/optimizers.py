@@ -118,6 +118,43 @@ class OptimizerState:
     final_update_peak: int = 0
 
 
+def _named_classes() -> dict[str, type]:
+    """Keras' optimizer classes that a name builds (those with no required
+    arguments), by lower-case class name."""
+    import inspect
+
+    import keras
+
+    classes = {}
+    for n in dir(keras.optimizers):
+        cls = getattr(keras.optimizers, n)
+        if not (isinstance(cls, type) and issubclass(cls, keras.optimizers.Optimizer)):
+            continue
+        required = [p for p in list(inspect.signature(cls).parameters.values())
+                    if p.default is inspect.Parameter.empty
+                    and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        if not required and n != "Optimizer":
+            classes[n.lower()] = cls
+    return classes
+
+
+def by_name(name: str) -> Any:
+    """A new Keras optimizer from its name: what ``keras.optimizers.get``
+    accepts, or any optimizer class of ``keras.optimizers`` by its name in any
+    case (``"lamb"``, which ``get`` does not know in Keras 3.15)."""
+    import keras
+
+    try:
+        return keras.optimizers.get(name)
+    except ValueError:
+        pass
+    classes = _named_classes()
+    if name.lower() in classes:
+        return classes[name.lower()]()
+    raise ValueError(f"unknown optimizer {name!r}: use a keras.optimizers instance or one of "
+                     f"{', '.join(sorted(classes))}") from None
+
+
 def resolve(optimizer: Any, model: Any) -> tuple[Any, list[str]]:
     """The Keras optimizer to model, and notes about how it was chosen."""
     import keras
@@ -132,19 +169,7 @@ def resolve(optimizer: Any, model: Any) -> tuple[Any, list[str]]:
             )
             optimizer = "adam"
     if isinstance(optimizer, str):
-        try:
-            optimizer = keras.optimizers.get(optimizer)
-        except ValueError:
-            known = sorted(
-                n.lower() for n in dir(keras.optimizers)
-                if isinstance(getattr(keras.optimizers, n), type)
-                and issubclass(getattr(keras.optimizers, n), keras.optimizers.Optimizer)
-                and n not in ("Optimizer", "LossScaleOptimizer")
-            )
-            raise ValueError(
-                f"unknown optimizer {optimizer!r}: use a keras.optimizers instance "
-                f"or one of {', '.join(known)}"
-            ) from None
+        optimizer = by_name(optimizer)
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(
             f"optimizer must be a name or a keras.optimizers.Optimizer, got "

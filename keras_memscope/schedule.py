@@ -1081,10 +1081,13 @@ def simulate(
                         grad_of[t] = parts[0]
 
         def workspace(f: _Flat, ts: Sequence[int], extra: int = 0,
-                      extra_parts: Sequence[int] = ()) -> int | None:
+                      extra_parts: Sequence[int] = (), unwanted: bool = False) -> int | None:
             p = f.prim
             own = sum(n for ref, n in p.workspace_for
                       if ref in p.inputs and f.ins[p.inputs.index(ref)] in ts)
+            if unwanted:  # input gradients computed and dropped
+                own += sum(n for ref, n in p.always_grads if ref in p.inputs
+                           and f.ins[p.inputs.index(ref)] not in f.input_grads)
             ws_bytes = extra + own
             if not ws_bytes:
                 return None
@@ -1276,7 +1279,7 @@ def simulate(
                               for t in donors):
                 extra, parts = sum(p.backward_workspace_parts_if_free), \
                     p.backward_workspace_parts_if_free
-            ws_x = workspace(f, xts, extra, parts)
+            ws_x = workspace(f, xts, extra, parts, unwanted=True)
             if starts_now:
                 job.workspace = workspace(f, wts)
             sim.check("backward")

@@ -25,7 +25,7 @@ import dataclasses
 import functools
 import json
 import math
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from . import xla
@@ -647,6 +647,20 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
     hoisted_reads = {t.name for op in forward if op.name in hoisted for t in op.inputs}
     owner = _gradient_op_owners(forward, hoisted)
     shared_incoming = _incoming_read_together(backward, owner, upstream)
+    # the temporary buffer of an XLA-compiled gradient (a grouped
+    # convolution's on the CPU) is allocated while that gradient runs: the
+    # backward of the forward op it is the gradient of
+    xla_backward: dict[str, int] = {}
+    xla_owned: set[str] = set()
+    for op in backward if xla_buffers else ():
+        # (the gradient's call op is not named after the forward one: its
+        # owner is the forward call whose results it reads)
+        found = (owner(op) or _single(t.op for t in op.inputs if t.op.type in xla.CALL_OPS
+                                      and t.op in forward)) if xla.compiled(op) else None
+        temp = xla.call_temp_bytes(op) if found is not None else 0
+        if temp:
+            xla_backward[found.name] = xla_backward.get(found.name, 0) + temp
+            xla_owned.add(op.name)
     early: list[int] = []  # the hoisted ops' prims
     prim_ops: list[Any] = []  # the op of each prim made here
     for op in forward:
@@ -718,6 +732,7 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             n += 1
         elif op.type == "MaxPool":
             bwd_ws = _bytes(op.outputs[0])  # MaxPoolGrad's temporary
+        bwd_ws += xla_backward.get(op.name, 0)
         fwd_ws = 0
         if op.type == "Einsum" and all(x.shape.is_fully_defined() for x in op.inputs):
             fwd_ws = einsum_workspace(op.get_attr("equation").decode(),
@@ -773,6 +788,9 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             macs=_macs(op), kernel=_FAMILY.get(op.type, ""), gemm_min_dim=_gemm_min_dim(op),
             out_channels=_out_channels(op),
             workspace_for=workspace_for, backward_workspace_bytes=bwd_ws,
+            always_grads=([(ref[t.name], _bytes(t)) for t in op.inputs
+                           if t.name in ref and t.dtype.is_floating]
+                          if op.name in xla_backward else []),
             forward_workspace_bytes=fwd_ws,
             role="activation" if (f"{ACTIVATION_SCOPE}/" in op.name
                                   or op.name in in_activation) else "",
@@ -799,12 +817,13 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
     # the gradient ops' own intermediates, alive together at their highest
     scheduled = _internal_gradients(backward, owner) | _reduced_products(backward, owner)
     parts = _backward_intermediates_peak(backward, graph, xla_buffers, upstream,
-                                         scheduled=scheduled)
+                                         scheduled=scheduled, placed=xla_owned)
     # where the schedule finds the layer's inputs held by nobody else, the
     # gradient ops may write into them
     taken: set[str] = set()
     parts_if_free = _backward_intermediates_peak(backward, graph, xla_buffers, upstream,
-                                                 placeholders, taken, scheduled=scheduled)
+                                                 placeholders, taken, scheduled=scheduled,
+                                                 placed=xla_owned)
     donors = tuple(ref[t.name] for t in placeholders if t.name in taken)
     if prims and (parts or donors):
         # where in the layer's gradient its intermediates peak, beside what,
@@ -1095,12 +1114,19 @@ def _identity_arithmetic(op: Any) -> bool:
     return False
 
 
+def _single(items: Iterable[Any]) -> Any:
+    """The one distinct item, or None where there are none or several."""
+    found = set(items)
+    return found.pop() if len(found) == 1 else None
+
+
 def _backward_intermediates_peak(backward: list[Any], graph: Any,
                                  xla_buffers: bool = True,
                                  upstream: Sequence[Any] = (),
                                  donors: Sequence[Any] = (),
                                  taken: set[str] | None = None,
-                                 scheduled: set[str] = frozenset()) -> tuple[int, ...]:
+                                 scheduled: set[str] = frozenset(),
+                                 placed: set[str] = frozenset()) -> tuple[int, ...]:
     """Bytes the gradient ops need beyond what the schedule holds for them, as
     the sizes of the allocations that make them up.
 
@@ -1121,7 +1147,9 @@ def _backward_intermediates_peak(backward: list[Any], graph: Any,
     ``taken`` (BatchNormalization's ``x - mean`` in its gradient is written
     into ``x`` when the convolution before it keeps only its own input).
     ``scheduled`` names more tensors the schedule allocates itself, counted
-    with the gradients (``_internal_gradients``, ``_reduced_products``)."""
+    with the gradients (``_internal_gradients``, ``_reduced_products``);
+    ``placed`` names XLA gradient calls whose buffers a prim's backward
+    already holds."""
     # a result handed back as a view of another tensor (an Identity; Conv1D's
     # filter and input gradients, 4-D, reshaped to 3-D) is that tensor's buffer
     final = {t.name for t in graph.outputs}
@@ -1182,7 +1210,8 @@ def _backward_intermediates_peak(backward: list[Any], graph: Any,
                 if t.name not in final:  # the gradients handed back stay
                     buffer_of[t.name] = bid
         freed = []
-        temp = xla.call_temp_bytes(op) if xla_buffers else 0  # an XLA gradient's buffer
+        # an XLA gradient's buffer
+        temp = xla.call_temp_bytes(op) if xla_buffers and op.name not in placed else 0
         if temp:
             new.append(len(size))
             freed.append(len(size))

@@ -76,6 +76,30 @@ def test_unknown_optimizer():
         memscope.estimate(seed_mlp(), batch_size=2, optimizer="adamm")
 
 
+def test_every_optimizer_class_by_name():
+    # keras.optimizers.get does not know "lamb" (Keras 3.15); a name of any
+    # optimizer class that builds without arguments is taken, in any case
+    from keras_memscope.optimizers import by_name
+
+    assert type(by_name("lamb")).__name__ == "Lamb"
+    assert type(by_name("Lamb")).__name__ == "Lamb"
+    assert type(by_name("adam")).__name__ == "Adam"
+    est = memscope.estimate(seed_mlp(), batch_size=2, optimizer="lamb", device="cpu")
+    assert est.optimizer == "Lamb"
+
+
+def test_unknown_optimizer_lists_only_names_that_work():
+    from keras_memscope.optimizers import by_name
+
+    with pytest.raises(ValueError, match="unknown optimizer") as info:
+        by_name("adamm")
+    message = str(info.value)
+    named = message.split("one of ")[1].split(", ")
+    assert "lamb" in named and "multioptimizer" not in named  # (needs its optimizers)
+    for name in named:
+        by_name(name)
+
+
 def test_bad_rules_argument():
     with pytest.raises(TypeError, match="rules= keys must be layer classes"):
         memscope.estimate(seed_mlp(), batch_size=2, rules={"Dense": lambda c: []})
