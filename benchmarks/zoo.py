@@ -909,6 +909,71 @@ def poissonnet() -> keras.Model:
     return model
 
 
+def fp16cnn() -> keras.Model:
+    """A CNN on 64 x 64 x 3 images whose layers compute in float16
+    (``mixed_float16``: float32 weights, float16 activations; compiled, the
+    optimizer scales the loss): three Conv2D with BatchNormalization and
+    ReLU, max pooling, global average pooling, a float32 softmax over 10."""
+    policy = "mixed_float16"
+    inputs = keras.Input((64, 64, 3))
+    x = inputs
+    for filters in (32, 64, 128):
+        x = layers.Conv2D(filters, 3, padding="same", use_bias=False, dtype=policy)(x)
+        x = layers.ReLU(dtype=policy)(layers.BatchNormalization(dtype=policy)(x))
+        x = layers.MaxPooling2D(2, dtype=policy)(x)
+    x = layers.GlobalAveragePooling2D(dtype=policy)(x)
+    return keras.Model(inputs, layers.Dense(10, activation="softmax", dtype="float32")(x),
+                       name="fp16cnn")
+
+
+def unrolled() -> keras.Model:
+    """Two LSTMs unrolled over 32 tokens (``unroll=True``: one op per step,
+    no loop) after an Embedding of 5000 x 64, five classes."""
+    tokens = keras.Input((32,), dtype="int32")
+    x = layers.Embedding(5000, 64)(tokens)
+    x = layers.LSTM(128, unroll=True, return_sequences=True)(x)
+    x = layers.LSTM(64, unroll=True)(x)
+    return keras.Model(tokens, layers.Dense(5)(x), name="unrolled")
+
+
+def maskednet() -> keras.Model:
+    """Masking over 50 steps of 16 features, a bidirectional GRU, dot-product
+    Attention of the sequence over itself, global max pooling, a softmax
+    over 6 classes compiled with label-smoothed categorical cross-entropy."""
+    inputs = keras.Input((50, 16))
+    x = layers.Masking()(inputs)
+    x = layers.Bidirectional(layers.GRU(64, return_sequences=True))(x)
+    x = layers.Attention()([x, x])
+    x = layers.GlobalMaxPooling1D()(x)
+    model = keras.Model(inputs, layers.Dense(6, activation="softmax")(x), name="maskednet")
+    model.compile(loss=keras.losses.CategoricalCrossentropy(label_smoothing=0.1))
+    return model
+
+
+def nested() -> keras.Model:
+    """Three 256-wide inputs through one shared Sequential block (Dense 512
+    GELU, LayerNormalization, Dense 256), averaged, ten logits."""
+    block = keras.Sequential([layers.Dense(512, activation="gelu"), layers.LayerNormalization(),
+                              layers.Dense(256)], name="shared_block")
+    inputs = [keras.Input((256,)) for _ in range(3)]
+    x = layers.Average()([block(i) for i in inputs])
+    return keras.Model(inputs, layers.Dense(10)(x), name="nested")
+
+
+def constrained() -> keras.Model:
+    """An MLP on 784 inputs with max-norm kernel constraints (applied after
+    every update), dropout with a shared noise shape, activity
+    regularization, ten logits."""
+    inputs = keras.Input((784,))
+    x = inputs
+    for width in (1024, 1024):
+        x = layers.Dense(width, activation="relu",
+                         kernel_constraint=keras.constraints.MaxNorm(3))(x)
+        x = layers.ActivityRegularization(l2=1e-5)(x)
+        x = layers.Dropout(0.3, noise_shape=(None, width))(x)
+    return keras.Model(inputs, layers.Dense(10)(x), name="constrained")
+
+
 ZOO = {f.__name__: f for f in (mlp, cnn, resnet50, mobilenetv2, vgg16, densenet121, lstm,
                                transformer)}
 HELD_OUT = {f.__name__: f for f in (unet, gru, vit, separable)}
@@ -925,6 +990,7 @@ BLIND = {f.__name__: f for f in (deeplab, crnn, moe, selunet, additive, upconv1d
 UNMET = {f.__name__: f for f in (film, linattn, bow, convmixer)}
 UNHEARD = {f.__name__: f for f in (axialattn, emacnn, sepconv1d, permutemlp, denoiser)}
 UNVISITED = {f.__name__: f for f in (unet3d, ncf, spectral, tokenattn, poissonnet)}
+UNKNOWN = {f.__name__: f for f in (fp16cnn, unrolled, maskednet, nested, constrained)}
 
 
 # --- large models, estimated without building their weights ------------------

@@ -86,6 +86,28 @@ def cpu_native_bfloat16() -> bool:
     return cpu_uses_onednn() and bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
+def cpu_onednn_runs(dtype: str = "float32") -> bool:
+    """Whether TensorFlow runs oneDNN's kernels on this CPU for tensors of
+    ``dtype``: float32 wherever it uses oneDNN, bfloat16 where the CPU has
+    bfloat16 instructions (:func:`cpu_native_bfloat16`), float16 where it
+    has float16 ones (AVX512_FP16 or AMX-FP16; TensorFlow's
+    ``IsDataTypeSupportedByOneDNNOnThisCPU``); elsewhere its own kernels.
+    An allocator trace here (AMD EPYC with AVX512_BF16, no AVX512_FP16) of
+    a CNN computing in float16: Eigen's column buffers in the convolutions'
+    filter gradients (23.625 MiB for a 3 x 3 x 32 x 64 kernel over 32 x 32
+    maps at batch 32, ``rules.conv.col_buffers`` to the byte), none in
+    float32."""
+    if not cpu_uses_onednn():
+        return False
+    if dtype == "float32":
+        return True
+    if dtype == "bfloat16":
+        return cpu_native_bfloat16()
+    if dtype == "float16":
+        return bool({"avx512_fp16", "amx_fp16"} & cpu_flags())
+    return False
+
+
 @functools.cache
 def cpu_uses_onednn() -> bool:
     """Whether TensorFlow runs its oneDNN kernels on this machine's CPU.

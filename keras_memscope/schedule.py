@@ -634,7 +634,19 @@ def simulate(
                        if t in f.input_grads and grad_pending0[t] == 1}
                       if sparse_update is not None and accumulation_steps <= 1 else set())
     read_copied = sparse_weights if copy_on_read else set()
-    costs = _costs(flats, tensor_bytes, weight_of, set(region_of))
+    # A trainable weight read through a cast (a mixed precision policy: the
+    # layer computes with a float16 or bfloat16 copy of its kernel) has its
+    # gradient computed with respect to the copy by a weight-gradient kernel,
+    # on the weight-gradient thread, then cast to the weight's type (an
+    # allocator trace of a float16 CNN: a convolution's filter gradient and
+    # its column buffer alive through the next layers' input gradients).
+    cast_weight = {f.outs[0]: f.ins[0] for f in flats
+                   if f.prim.name.lower() == "cast" and f.needs_backward
+                   and len(f.ins) == 1 and len(f.outs) == 1 and f.ins[0] in weight_of
+                   and weight_trainable[weight_of[f.ins[0]]]}
+    cast_flats = {id(f) for f in flats if f.outs and f.outs[0] in cast_weight}
+    weight_side = {**weight_of, **{t: weight_of[w] for t, w in cast_weight.items()}}
+    costs = _costs(flats, tensor_bytes, weight_side, set(region_of))
     times = ([backward_time(c) for c in costs]
              if backward_time is not None and weight_grad_lag > 0 else None)
     # a recomputed prim runs again on the input-gradient stream
@@ -1075,6 +1087,14 @@ def simulate(
                         queue.append((weight_of[t], parts[0]))
                         while len(queue) > update_lag:
                             run_update(*queue.popleft())
+                    elif t in cast_weight:
+                        # the cast's gradient: the weight's, in its own type
+                        w = cast_weight[t]
+                        whole = sim.alloc(tensor_bytes[w], sim.buffers[parts[0]].layer, GRADIENT)
+                        sim.check("backward")
+                        drop_grad(parts[0])
+                        partial[w].append(whole)
+                        settle([w])
                     elif t in external:
                         drop_grad(parts[0])
                     else:
@@ -1083,15 +1103,18 @@ def simulate(
         def workspace(f: _Flat, ts: Sequence[int], extra: int = 0,
                       extra_parts: Sequence[int] = (), unwanted: bool = False) -> int | None:
             p = f.prim
-            own = sum(n for ref, n in p.workspace_for
-                      if ref in p.inputs and f.ins[p.inputs.index(ref)] in ts)
+            # each gradient kernel's temporary is an allocation of its own (a
+            # convolution's filter and input gradients' column buffers)
+            own = [n for ref, n in p.workspace_for
+                   if n and ref in p.inputs and f.ins[p.inputs.index(ref)] in ts]
             if unwanted:  # input gradients computed and dropped
-                own += sum(n for ref, n in p.always_grads if ref in p.inputs
-                           and f.ins[p.inputs.index(ref)] not in f.input_grads)
-            ws_bytes = extra + own
+                own += [n for ref, n in p.always_grads if n and ref in p.inputs
+                        and f.ins[p.inputs.index(ref)] not in f.input_grads]
+            ws_bytes = extra + sum(own)
             if not ws_bytes:
                 return None
-            parts = tuple(extra_parts) if extra and not own else ()
+            pieces = (*(extra_parts or ((extra,) if extra else ())), *own)
+            parts = pieces if len(pieces) > 1 else ()
             if worst_case and extra and p.backlog_parts:
                 parts = (*(parts or (ws_bytes,)), *p.backlog_parts)
                 ws_bytes = sum(parts)
@@ -1210,14 +1233,14 @@ def simulate(
                 seen_regions.add(r)
                 if region_inputs[r]:
                     recompute(r)
-            if not f.needs_backward:
-                continue
+            if not f.needs_backward or id(f) in cast_flats:
+                continue  # (a weight's cast: its gradient is the weight job's)
             op, p = f.op, f.prim
             advance(clock)
             update_busy[1] = clock
             out_grads = [grad_of.pop(t) for t in f.outs if t in grad_of]
-            xts = [t for t in f.input_grads if t not in weight_of]
-            wts = [t for t in f.input_grads if t in weight_of]
+            xts = [t for t in f.input_grads if t not in weight_side]
+            wts = [t for t in f.input_grads if t in weight_side]
             # (gradient ops that read the output gradient together run side
             # by side while the second thread is free: neither writes into it)
             side_by_side = (SIDE_BY_SIDE_GRADIENTS and p.grad_read_together

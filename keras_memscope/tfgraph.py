@@ -29,7 +29,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from . import xla
-from .devices import cpu_uses_onednn
+from .devices import cpu_onednn_runs
 from .graph import CallRecord, op_attributes
 from .ir import Prim, matmul_upcast, prim
 from .units import DTYPE_BYTES
@@ -453,15 +453,22 @@ def _trace(call: CallRecord, xla_buffers: bool = True) -> list[Prim]:
         if getattr(layer, "_call_has_training_arg", False) and "training" not in kwargs:
             kwargs["training"] = True
         mapping = list(zip(trainable + frozen, tw + ntw))
-        with tf.GradientTape() as tape, keras.StatelessScope(state_mapping=mapping):
+        scope = keras.StatelessScope(state_mapping=mapping, collect_losses=True)
+        with tf.GradientTape() as tape, scope:
             tape.watch(floats + tw)
             out = layer(*args, **kwargs)  # (through __call__: autocasting applies)
         outs = [o for o in tree.flatten(out) if isinstance(o, tf.Tensor)]
         out_names.extend(o.name for o in outs)
         boundary.append(len(tf.compat.v1.get_default_graph().get_operations()))
         targets = [o for o in outs if o.dtype.is_floating]
-        grads = tape.gradient(targets, floats + tw,
-                              output_gradients=upstream[:len(targets)] or None)
+        # what the call adds to the loss (an activity regularizer, add_loss)
+        # is summed into the loss: its gradient comes in as ones, a constant
+        added = [x for x in scope.losses if isinstance(x, tf.Tensor) and x.dtype.is_floating]
+        incoming = upstream[:len(targets)]
+        if added and len(incoming) == len(targets):
+            targets = targets + added
+            incoming = incoming + [tf.ones_like(x) for x in added]
+        grads = tape.gradient(targets, floats + tw, output_gradients=incoming or None)
         # only the gradients are returned: returning the outputs would add
         # ops after the forward pass that read them
         return [g for g in grads if g is not None]
@@ -724,7 +731,7 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             filt, _ = _col_buffers(op, op.inputs[2], op.inputs[1])
             workspace_for = {ref[op.inputs[1].name]: filt}
         bwd_ws = 0
-        if op.type == "MaxPool" and cpu_uses_onednn() and outputs:
+        if op.type == "MaxPool" and cpu_onednn_runs(op.outputs[0].dtype.name) and outputs:
             # oneDNN's max pooling: one byte per output element, kept for
             # the gradient instead of MaxPoolGrad's temporary
             outputs.append((f"t{n}", _elements(op.outputs[0])))
@@ -1077,7 +1084,7 @@ def _first_on_gradient_path(prims: list[Prim]) -> int:
     for i in range(len(prims) - 1, -1, -1):
         p = prims[i]
         if any(r in reached for r, _ in p.outputs):
-            reached.update(p.differentiable)
+            reached.update(p.grad_inputs())
             first = i
     return first
 
@@ -1292,7 +1299,7 @@ def _col_buffers(op: Any, out: Any, kernel: Any) -> tuple[int, int]:
     fmt = op.get_attr("data_format").decode()
     return col_buffers(tuple(int(d) for d in out.shape), tuple(int(d) for d in kernel.shape),
                        "channels_first" if fmt == "NCHW" else "channels_last",
-                       op.outputs[0].dtype.size)
+                       op.outputs[0].dtype.size, op.outputs[0].dtype.name)
 
 
 def _variables(layer: Any) -> tuple[list[Any], list[Any]]:

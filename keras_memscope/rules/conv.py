@@ -12,6 +12,7 @@ import keras
 
 from ..graph import CallRecord
 from ..ir import Prim
+from ..units import dtype_bytes
 from . import register
 from .base import Builder, activation_name, apply_activation, read_weight, weight_ref
 from .core import compute_dtype, linear_prims
@@ -52,16 +53,19 @@ _TARGET_WORKING_SET_BYTES = 30 << 20
 _TF_L2_BYTES = 256 << 10
 
 
-def conv_backward_workspace(call: CallRecord, itemsize: int = 4) -> tuple[int, int]:
+def conv_backward_workspace(call: CallRecord) -> tuple[int, int]:
     """Temporary bytes of (filter gradient, input gradient) on the CPU for a
-    convolution call (see :func:`col_buffers`)."""
+    convolution call in its compute dtype (see :func:`col_buffers`)."""
     layer = call.layer
     fmt = getattr(layer, "data_format", "channels_last")
-    return col_buffers(call.outputs[0].shape, tuple(layer.kernel.shape), fmt, itemsize)
+    dtype = compute_dtype(call)
+    return col_buffers(call.outputs[0].shape, tuple(layer.kernel.shape), fmt,
+                       dtype_bytes(dtype), dtype)
 
 
 def col_buffers(out_shape: tuple[int, ...], kernel_shape: tuple[int, ...],
-                data_format: str = "channels_last", itemsize: int = 4) -> tuple[int, int]:
+                data_format: str = "channels_last", itemsize: int = 4,
+                dtype: str = "float32") -> tuple[int, int]:
     """Temporary bytes of (filter gradient, input gradient) on the CPU.
 
     Both kernels run im2col over ``shard`` images at a time into a column
@@ -77,12 +81,13 @@ def col_buffers(out_shape: tuple[int, ...], kernel_shape: tuple[int, ...],
     included (allocator traces: [1112, 196, 27] for a 16 x 16 x 3 image at
     batch 1, [6, 4096, 288] for a 64 x 64 x 32 one at batches 1 and 2): it
     does not shrink with the batch. Where TensorFlow runs oneDNN's kernels
-    instead (:func:`~keras_memscope.devices.cpu_uses_onednn`) there is no
+    instead (:func:`~keras_memscope.devices.cpu_onednn_runs`: for
+    ``dtype``, which its kernels may not support on this CPU) there is no
     column buffer: (0, 0).
     """
-    from ..devices import cpu_cache_facts, cpu_uses_onednn
+    from ..devices import cpu_cache_facts, cpu_onednn_runs
 
-    if cpu_uses_onednn():
+    if cpu_onednn_runs(dtype):
         return 0, 0
 
     spatial = out_shape[2:] if data_format == "channels_first" else out_shape[1:-1]
@@ -139,7 +144,9 @@ def conv_transpose(call: CallRecord) -> list[Prim]:
         # the filter gradient of the convolution it transposes, whose output
         # is this layer's input; the input gradient is a forward convolution
         fmt = getattr(call.layer, "data_format", "channels_last")
-        filt, _ = col_buffers(call.inputs[0].shape, tuple(call.layer.kernel.shape), fmt)
+        dtype = compute_dtype(call)
+        filt, _ = col_buffers(call.inputs[0].shape, tuple(call.layer.kernel.shape), fmt,
+                              dtype_bytes(dtype), dtype)
         _with_workspace(b, "conv_transpose", 0, filt)
     return _finish(b, call, z)
 

@@ -32,12 +32,12 @@ def max_pool(call: CallRecord) -> list[Prim]:
     allocates a temporary the size of the pooled output (with oneDNN's
     kernels: a saved workspace of one byte per output element instead). FLOPs: one compare
     per window element of every output."""
-    from ..devices import cpu_uses_onednn
+    from ..devices import cpu_onednn_runs
 
     b = Builder(call)
     out = call.outputs[0]
     flops = math.prod(out.shape) * _window(call)
-    if cpu_uses_onednn():
+    if cpu_onednn_runs(out.dtype):
         # oneDNN's max pooling keeps one byte per output element for its
         # gradient, which then needs no temporary
         z, ws = b.add("max_pool", ["in0"], [out.nbytes, math.prod(out.shape)], flops=flops)

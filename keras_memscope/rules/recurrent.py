@@ -25,6 +25,7 @@ import keras
 
 from ..graph import CallRecord, TensorInfo
 from ..ir import Prim
+from ..units import dtype_bytes
 from . import current_rules, register
 from .base import Builder, weight_ref
 from .core import fallback
@@ -85,11 +86,11 @@ def conv_lstm(call: CallRecord) -> list[Prim]:
                  macs=steps * batch * positions * 4 * filters * (channels + filters) * taps,
                  kernel_elements=max(channels, filters) * taps * 4 * filters,
                  column_buffers=_cell_column_buffers(layer, batch, out_map, channels, filters,
-                                                     first, x.nbytes // max(math.prod(x.shape), 1)))
+                                                     first, x.dtype))
 
 
 def _cell_column_buffers(layer: object, batch: int, out_map: tuple[int, ...], channels: int,
-                         filters: int, channels_first: bool, itemsize: int) -> tuple[int, ...]:
+                         filters: int, channels_first: bool, dtype: str) -> tuple[int, ...]:
     """The column buffers a ConvLSTM step's gradient makes, largest first,
     as many as run at once: one per CPU thread.
 
@@ -111,8 +112,9 @@ def _cell_column_buffers(layer: object, batch: int, out_map: tuple[int, ...], ch
     fmt = "channels_first" if channels_first else "channels_last"
     spatial = out_map[1:] if channels_first else out_map[:-1]
     out = (batch, filters, *spatial) if channels_first else (batch, *spatial, filters)
-    filt_in, _ = col_buffers(out, (*ksize, channels, filters), fmt, itemsize)
-    filt_state, inp_state = col_buffers(out, (*ksize, filters, filters), fmt, itemsize)
+    itemsize = dtype_bytes(dtype)
+    filt_in, _ = col_buffers(out, (*ksize, channels, filters), fmt, itemsize, dtype)
+    filt_state, inp_state = col_buffers(out, (*ksize, filters, filters), fmt, itemsize, dtype)
     buffers = sorted((b for b in (*(filt_in,) * 4, *(filt_state,) * 4, *(inp_state,) * 4) if b),
                      reverse=True)
     return tuple(buffers[:max(cpu_cache_facts()[1], 1)])
