@@ -576,10 +576,13 @@ def _hoist(graph: Any, forward: list[Any], backward: list[Any],
               and any(t.name in made or t.op.type == "Placeholder" for t in op.inputs)):
             free.append(op)
             made.update({t.name: op for t in op.outputs})
-        elif op.control_inputs:
+        elif any(t.name in waits for c in op.control_inputs for t in c.outputs) or any(
+                c.name in gates for c in op.control_inputs):
             # a constant or shape that waits for what its control inputs wait
             # for (the 2 of a square's gradient ``g * (x * 2)``: allocator
-            # trace, the product is written into x in the backward pass)
+            # trace, the product is written into x in the backward pass); one
+            # whose control inputs wait for nothing (the gradient of a loss a
+            # layer adds, whose incoming gradient is a constant) is ready
             gates.add(op.name)
         # (else a constant, or a shape: ready, nothing to run early)
     if not free:
