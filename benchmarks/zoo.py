@@ -974,6 +974,70 @@ def constrained() -> keras.Model:
     return keras.Model(inputs, layers.Dense(10)(x), name="constrained")
 
 
+def regnetlike() -> keras.Model:
+    """RegNetX-style stages on 96 x 96 images: a stride-2 stem, then per
+    stage a block of 1 x 1 convolution, 3 x 3 grouped convolution (16
+    channels per group, stride 2; Keras runs it with XLA on the CPU) and 1 x
+    1 convolution, BatchNormalization and ReLU, with a strided 1 x 1
+    shortcut added; 10 classes."""
+    inputs = keras.Input((96, 96, 3))
+    x = layers.ReLU()(layers.BatchNormalization()(
+        layers.Conv2D(32, 3, strides=2, padding="same", use_bias=False)(inputs)))
+    for width in (48, 96, 192):
+        h = layers.ReLU()(layers.BatchNormalization()(
+            layers.Conv2D(width, 1, use_bias=False)(x)))
+        h = layers.ReLU()(layers.BatchNormalization()(
+            layers.Conv2D(width, 3, strides=2, padding="same", groups=width // 16,
+                          use_bias=False)(h)))
+        h = layers.BatchNormalization()(layers.Conv2D(width, 1, use_bias=False)(h))
+        shortcut = layers.BatchNormalization()(
+            layers.Conv2D(width, 1, strides=2, use_bias=False)(x))
+        x = layers.ReLU()(layers.Add()([h, shortcut]))
+    x = layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, layers.Dense(10)(x), name="regnetlike")
+
+
+def mobilenetv3large() -> keras.Model:
+    """keras.applications.MobileNetV3Large (weights=None) on 160 x 160
+    images: hard swish, squeeze-and-excitation, its own Rescaling."""
+    return keras.applications.MobileNetV3Large(weights=None, input_shape=(160, 160, 3))
+
+
+def convlstm1d() -> keras.Model:
+    """ConvLSTM1D over 10 steps of 64 positions x 8 channels, returning the
+    sequence, then a Conv1D over the last step's map and 4 classes."""
+    inputs = keras.Input((10, 64, 8))
+    x = layers.ConvLSTM1D(32, 3, padding="same", return_sequences=True)(inputs)
+    x = layers.ConvLSTM1D(32, 3, padding="same")(x)
+    x = layers.Conv1D(16, 3, activation="relu")(x)
+    return keras.Model(inputs, layers.Dense(4)(layers.GlobalMaxPooling1D()(x)),
+                       name="convlstm1d")
+
+
+def maskedmean() -> keras.Model:
+    """An Embedding of 20000 x 128 with ``mask_zero=True``, the masked mean
+    over 100 tokens, a softmax over 20 classes compiled with the categorical
+    focal cross-entropy."""
+    tokens = keras.Input((100,), dtype="int32")
+    x = layers.Embedding(20000, 128, mask_zero=True)(tokens)
+    x = layers.GlobalAveragePooling1D()(x)
+    x = layers.Dense(256, activation="relu")(x)
+    model = keras.Model(tokens, layers.Dense(20, activation="softmax")(x), name="maskedmean")
+    model.compile(loss="categorical_focal_crossentropy")
+    return model
+
+
+def tdconv() -> keras.Model:
+    """TimeDistributed Conv2D and pooling over 12 frames of 48 x 48 x 3, an
+    LSTM over the frames' features, 5 classes."""
+    frames = keras.Input((12, 48, 48, 3))
+    x = layers.TimeDistributed(layers.Conv2D(32, 3, strides=2, activation="relu"))(frames)
+    x = layers.TimeDistributed(layers.Conv2D(64, 3, strides=2, activation="relu"))(x)
+    x = layers.TimeDistributed(layers.GlobalAveragePooling2D())(x)
+    x = layers.LSTM(64)(x)
+    return keras.Model(frames, layers.Dense(5)(x), name="tdconv")
+
+
 ZOO = {f.__name__: f for f in (mlp, cnn, resnet50, mobilenetv2, vgg16, densenet121, lstm,
                                transformer)}
 HELD_OUT = {f.__name__: f for f in (unet, gru, vit, separable)}
@@ -991,6 +1055,8 @@ UNMET = {f.__name__: f for f in (film, linattn, bow, convmixer)}
 UNHEARD = {f.__name__: f for f in (axialattn, emacnn, sepconv1d, permutemlp, denoiser)}
 UNVISITED = {f.__name__: f for f in (unet3d, ncf, spectral, tokenattn, poissonnet)}
 UNKNOWN = {f.__name__: f for f in (fp16cnn, unrolled, maskednet, nested, constrained)}
+UNCHARTED = {f.__name__: f for f in (regnetlike, mobilenetv3large, convlstm1d, maskedmean,
+                                     tdconv)}
 
 
 # --- large models, estimated without building their weights ------------------
