@@ -1038,6 +1038,64 @@ def tdconv() -> keras.Model:
     return keras.Model(frames, layers.Dense(5)(x), name="tdconv")
 
 
+def channelsfirst() -> keras.Model:
+    """A CNN on 3 x 64 x 64 images in ``channels_first`` layout: three
+    Conv2D with ReLU, max pooling, global average pooling, 10 classes."""
+    inputs = keras.Input((3, 64, 64))
+    x = inputs
+    for filters in (16, 32, 64):
+        x = layers.Conv2D(filters, 3, padding="same", activation="relu",
+                          data_format="channels_first")(x)
+        x = layers.MaxPooling2D(2, data_format="channels_first")(x)
+    x = layers.GlobalAveragePooling2D(data_format="channels_first")(x)
+    return keras.Model(inputs, layers.Dense(10)(x), name="channelsfirst")
+
+
+def widedeep() -> keras.Model:
+    """Wide and deep: a 100,000-row Embedding of 16 for 8 categorical ids
+    (flattened) beside 32 numeric features through Dense 256 and 128, one
+    sigmoid output compiled with binary cross-entropy."""
+    ids = keras.Input((8,), dtype="int32")
+    numeric = keras.Input((32,))
+    wide = layers.Flatten()(layers.Embedding(100_000, 16)(ids))
+    deep = layers.Dense(256, activation="relu")(numeric)
+    deep = layers.Dense(128, activation="relu")(deep)
+    out = layers.Dense(1, activation="sigmoid")(layers.Concatenate()([wide, deep]))
+    model = keras.Model([ids, numeric], out, name="widedeep")
+    model.compile(loss="binary_crossentropy")
+    return model
+
+
+def mhadropout() -> keras.Model:
+    """Two transformer encoder blocks over 96 positions of 128 features:
+    MultiHeadAttention (4 heads, attention dropout 0.1), residual adds,
+    LayerNormalization, a GELU feed-forward of 512; the mean over positions,
+    8 classes."""
+    inputs = keras.Input((96, 128))
+    x = inputs
+    for _ in range(2):
+        h = layers.MultiHeadAttention(4, 32, dropout=0.1)(x, x)
+        x = layers.LayerNormalization()(layers.Add()([x, h]))
+        h = layers.Dense(512, activation="gelu")(x)
+        x = layers.LayerNormalization()(layers.Add()([x, layers.Dense(128)(h)]))
+    x = layers.GlobalAveragePooling1D()(x)
+    return keras.Model(inputs, layers.Dense(8)(x), name="mhadropout")
+
+
+def sepspatial() -> keras.Model:
+    """SeparableConv2D blocks on 64 x 64 x 3 images with SpatialDropout2D and
+    average pooling, a Maximum of two branches, 10 classes."""
+    inputs = keras.Input((64, 64, 3))
+    x = layers.Conv2D(32, 3, padding="same", activation="relu")(inputs)
+    a = layers.SeparableConv2D(32, 3, padding="same", activation="relu")(x)
+    b = layers.SeparableConv2D(32, 5, padding="same", activation="relu")(x)
+    x = layers.SpatialDropout2D(0.2)(layers.Maximum()([a, b]))
+    x = layers.AveragePooling2D(2)(x)
+    x = layers.SeparableConv2D(64, 3, padding="same", activation="relu")(x)
+    x = layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, layers.Dense(10)(x), name="sepspatial")
+
+
 ZOO = {f.__name__: f for f in (mlp, cnn, resnet50, mobilenetv2, vgg16, densenet121, lstm,
                                transformer)}
 HELD_OUT = {f.__name__: f for f in (unet, gru, vit, separable)}
@@ -1057,6 +1115,7 @@ UNVISITED = {f.__name__: f for f in (unet3d, ncf, spectral, tokenattn, poissonne
 UNKNOWN = {f.__name__: f for f in (fp16cnn, unrolled, maskednet, nested, constrained)}
 UNCHARTED = {f.__name__: f for f in (regnetlike, mobilenetv3large, convlstm1d, maskedmean,
                                      tdconv)}
+UNTRODDEN = {f.__name__: f for f in (channelsfirst, widedeep, mhadropout, sepspatial)}
 
 
 # --- large models, estimated without building their weights ------------------
