@@ -898,7 +898,13 @@ def _gradient_op_owners(forward: Sequence[Any], hoisted: set[str]
     forward op's name (``gradient_tape/.../Gelu/mul_3/Mul`` for
     ``.../Gelu/mul_3``), or its name scope where the gradient's ops are named
     in it (``gradient_tape/.../einsum_1/Einsum_1`` for
-    ``.../einsum_1/Einsum``, the one forward op of that scope)."""
+    ``.../einsum_1/Einsum``, the one forward op of that scope). Where the
+    op's type names the forward kernel it is the gradient of and the op so
+    named is of another type, the one op of that type in its scope owns it
+    (``tf.nn.separable_conv2d`` names its pointwise ``Conv2D``
+    ``separable_conv2d`` and its ``DepthwiseConv2dNative``
+    ``separable_conv2d/depthwise``; both gradients are named
+    ``gradient_tape/.../separable_conv2d/...``)."""
     own = [op for op in forward if op.name not in hoisted]
     by_name = {op.name: op for op in own}
     by_scope: dict[str, list[Any]] = {}
@@ -913,6 +919,11 @@ def _gradient_op_owners(forward: Sequence[Any], hoisted: set[str]
         for k in range(len(parts) - 1, 0, -1):
             found = by_name.get("/".join(parts[:k]))
             if found is not None:
+                if "Backprop" in op.type and not op.type.startswith(found.type + "Backprop"):
+                    kin = [o for o in by_scope.get(found.name, ())
+                           if op.type.startswith(o.type + "Backprop")]
+                    if len(kin) == 1:
+                        return kin[0]
                 return found
         scoped = by_scope.get("/".join(parts[:-1]), [])
         return scoped[0] if len(scoped) == 1 else None

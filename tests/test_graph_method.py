@@ -337,6 +337,24 @@ def test_added_loss_gradient_against_measurement():
         est.peak_bytes, [m.step_peak_bytes for m in measured])
 
 
+def test_separable_convolution_gradients_counted_once():
+    """``tf.nn.separable_conv2d`` names its pointwise ``Conv2D``
+    ``separable_conv2d`` and its depthwise kernel ``separable_conv2d/
+    depthwise``; the tape names both kernels' gradient ops after the first.
+    The depthwise gradients belong to the depthwise op (their type names
+    it), so the gradient the pointwise op hands it is the schedule's own
+    allocation and not also a gradient intermediate of the layer: no
+    temporary of the layer's input size (the allocator trace of the
+    accuracy set's ``sepspatial`` has the two 16 MiB gradients of each
+    separable layer and no third)."""
+    inp = keras.Input((32, 32, 16))
+    x = layers.SeparableConv2D(16, 3, padding="same", activation="relu")(inp)
+    model = keras.Model(inp, layers.Dense(4)(layers.GlobalAveragePooling2D()(x)))
+    est = memscope.estimate(model, 8, optimizer="sgd", device="cpu", method="graph")
+    separable = next(r for r in est.layers if r.class_name == "SeparableConv2D")
+    assert separable.workspace_bytes < 8 * 32 * 32 * 16 * 4
+
+
 def swish_after_conv() -> keras.Model:
     return keras.Sequential([keras.Input((64, 64, 8)), layers.Conv2D(64, 1),
                              layers.Activation("swish"), layers.GlobalAveragePooling2D()],
