@@ -1096,6 +1096,69 @@ def sepspatial() -> keras.Model:
     return keras.Model(inputs, layers.Dense(10)(x), name="sepspatial")
 
 
+class _TiedLogits(layers.Layer):
+    """The logits of a language model through the transposed embedding table
+    (weight tying): reads the Embedding layer's variable."""
+
+    def __init__(self, embedding: layers.Embedding, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.embedding = embedding
+
+    def call(self, x):
+        return keras.ops.matmul(x, keras.ops.transpose(self.embedding.embeddings))
+
+
+def tiedlm() -> keras.Model:
+    """A small language model over 64 tokens with its embedding table (8000
+    x 128) tied to the output projection: Embedding, a causal Conv1D, a
+    Dense GELU, logits through the transposed table. The table's gradient
+    sums the gather's rows and the projection's dense product."""
+    tokens = keras.Input((64,), dtype="int32")
+    embedding = layers.Embedding(8000, 128)
+    x = embedding(tokens)
+    x = layers.Conv1D(128, 3, padding="causal", activation="relu")(x)
+    x = layers.Dense(128, activation="gelu")(x)
+    logits = _TiedLogits(embedding)(x)
+    model = keras.Model(tokens, logits, name="tiedlm")
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def multihead() -> keras.Model:
+    """One convolutional trunk on 64 x 64 x 3 images with three heads and
+    three losses, weighted: 10-way classes (sparse categorical
+    cross-entropy), 4 box coordinates (mean squared error), one objectness
+    score (binary cross-entropy)."""
+    inputs = keras.Input((64, 64, 3))
+    x = inputs
+    for filters in (32, 64, 128):
+        x = layers.Conv2D(filters, 3, strides=2, padding="same", activation="relu")(x)
+    x = layers.GlobalAveragePooling2D()(x)
+    outputs = {"classes": layers.Dense(10, name="classes")(x),
+               "box": layers.Dense(4, name="box")(x),
+               "objectness": layers.Dense(1, activation="sigmoid", name="objectness")(x)}
+    model = keras.Model(inputs, outputs, name="multihead")
+    model.compile(loss={"classes": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                        "box": "mse", "objectness": "binary_crossentropy"},
+                  loss_weights={"classes": 1.0, "box": 0.5, "objectness": 0.2})
+    return model
+
+
+def grudrop() -> keras.Model:
+    """A GRU with recurrent dropout (``reset_after=False``) over 80 steps of
+    24 features, returning the sequence, then a Conv1D and 3 classes."""
+    inputs = keras.Input((80, 24))
+    x = layers.GRU(96, return_sequences=True, recurrent_dropout=0.1, reset_after=False)(inputs)
+    x = layers.Conv1D(32, 5, activation="relu")(x)
+    return keras.Model(inputs, layers.Dense(3)(layers.GlobalAveragePooling1D()(x)),
+                       name="grudrop")
+
+
+def efficientnetb2() -> keras.Model:
+    """keras.applications.EfficientNetB2 (weights=None) on 160 x 160 images."""
+    return keras.applications.EfficientNetB2(weights=None, input_shape=(160, 160, 3))
+
+
 ZOO = {f.__name__: f for f in (mlp, cnn, resnet50, mobilenetv2, vgg16, densenet121, lstm,
                                transformer)}
 HELD_OUT = {f.__name__: f for f in (unet, gru, vit, separable)}
@@ -1116,6 +1179,7 @@ UNKNOWN = {f.__name__: f for f in (fp16cnn, unrolled, maskednet, nested, constra
 UNCHARTED = {f.__name__: f for f in (regnetlike, mobilenetv3large, convlstm1d, maskedmean,
                                      tdconv)}
 UNTRODDEN = {f.__name__: f for f in (channelsfirst, widedeep, mhadropout, sepspatial)}
+UNPLANNED = {f.__name__: f for f in (tiedlm, multihead, grudrop, efficientnetb2)}
 
 
 # --- large models, estimated without building their weights ------------------

@@ -21,6 +21,7 @@ blocks are traced once each.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -454,7 +455,12 @@ def _trace(call: CallRecord, xla_buffers: bool = True) -> list[Prim]:
             kwargs["training"] = True
         mapping = list(zip(trainable + frozen, tw + ntw))
         scope = keras.StatelessScope(state_mapping=mapping, collect_losses=True)
-        with tf.GradientTape() as tape, scope:
+        # a layer named as TensorFlow allows only below a root scope (a
+        # leading underscore: Keras names a class ``_Tied`` ``__tied``) is
+        # called in one, as inside its model
+        root = (tf.name_scope("call") if not layer.name[:1].isalnum() and layer.name[:1] != "."
+                else contextlib.nullcontext())
+        with tf.GradientTape() as tape, scope, root:
             tape.watch(floats + tw)
             out = layer(*args, **kwargs)  # (through __call__: autocasting applies)
         outs = [o for o in tree.flatten(out) if isinstance(o, tf.Tensor)]

@@ -355,6 +355,29 @@ def test_separable_convolution_gradients_counted_once():
     assert separable.workspace_bytes < 8 * 32 * 32 * 16 * 4
 
 
+class _Scaled(layers.Layer):
+    """A custom layer whose class name starts with an underscore: Keras
+    names it ``__scaled``, which TensorFlow does not take as a root name
+    scope (inside a model it is never one)."""
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(shape=(input_shape[-1],), initializer="ones")
+
+    def call(self, x):
+        return x * self.scale
+
+
+def test_layer_named_with_a_leading_underscore_is_traced(caplog):
+    inp = keras.Input((64,))
+    layer = _Scaled()
+    model = keras.Model(inp, layers.Dense(4)(layer(inp)))
+    assert layer.name.startswith("_")
+    with caplog.at_level(logging.WARNING, logger="keras_memscope"):
+        est = memscope.estimate(model, 8, optimizer="sgd", device="cpu", method="graph")
+    assert "could not trace" not in caplog.text
+    assert est.peak_bytes > 0
+
+
 def swish_after_conv() -> keras.Model:
     return keras.Sequential([keras.Input((64, 64, 8)), layers.Conv2D(64, 1),
                              layers.Activation("swish"), layers.GlobalAveragePooling2D()],
