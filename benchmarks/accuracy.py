@@ -144,6 +144,12 @@ UNPLANNED_CONFIGS = [
     ("tiedlm", 32, "adam"), ("multihead", 64, "sgd"), ("grudrop", 32, "rmsprop"),
     ("efficientnetb2", 4, "adamw"),
 ]
+#: the sets beside the zoo, by their flag, in the order they were written
+SETS = {"held-out": HELD_OUT_CONFIGS, "unseen": UNSEEN_CONFIGS, "fresh": FRESH_CONFIGS,
+        "novel": NOVEL_CONFIGS, "untried": UNTRIED_CONFIGS, "blind": BLIND_CONFIGS,
+        "unmet": UNMET_CONFIGS, "unheard": UNHEARD_CONFIGS, "unvisited": UNVISITED_CONFIGS,
+        "unknown": UNKNOWN_CONFIGS, "uncharted": UNCHARTED_CONFIGS,
+        "untrodden": UNTRODDEN_CONFIGS, "unplanned": UNPLANNED_CONFIGS}
 #: optimizers with options, by the name a configuration gives them
 OPTIMIZERS = {
     "adam-globalclip": {"class_name": "Adam", "config": {"global_clipnorm": 1.0}},
@@ -248,31 +254,13 @@ def estimate_config(model: str, batch: int, opt: str,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--held-out", action="store_true", help="the held-out models")
-    parser.add_argument("--unseen", action="store_true",
-                        help="models first estimated after the graph method was built")
-    parser.add_argument("--fresh", action="store_true",
-                        help="models first estimated in the round after --unseen")
-    parser.add_argument("--novel", action="store_true",
-                        help="models first estimated in the round after --fresh")
-    parser.add_argument("--untried", action="store_true",
-                        help="models first estimated in the round after --novel")
-    parser.add_argument("--blind", action="store_true",
-                        help="models first estimated in the round after --untried")
-    parser.add_argument("--unmet", action="store_true",
-                        help="models first estimated in the round after --blind")
-    parser.add_argument("--unheard", action="store_true",
-                        help="models first estimated in the round after --unmet")
-    parser.add_argument("--unvisited", action="store_true",
-                        help="models first estimated in the round after --unheard")
-    parser.add_argument("--unknown", action="store_true",
-                        help="models first estimated in the round after --unvisited")
-    parser.add_argument("--uncharted", action="store_true",
-                        help="models first estimated in the round after --unknown")
-    parser.add_argument("--untrodden", action="store_true",
-                        help="models first estimated in the round after --uncharted")
-    parser.add_argument("--unplanned", action="store_true",
-                        help="models first estimated in the round after --untrodden")
+    previous = None
+    for name in SETS:
+        parser.add_argument(f"--{name}", action="store_true", help=(
+            "the held-out models" if name == "held-out"
+            else "models first estimated after the graph method was built" if name == "unseen"
+            else f"models first estimated in the round after --{previous}"))
+        previous = name
     parser.add_argument("--only", nargs="*", help="model names to run")
     parser.add_argument("--remeasure", action="store_true")
     parser.add_argument("--processes", type=int, default=3)
@@ -288,13 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     import keras
     import tensorflow as tf
 
-    sets = {"unplanned": UNPLANNED_CONFIGS, "untrodden": UNTRODDEN_CONFIGS,
-            "uncharted": UNCHARTED_CONFIGS, "unknown": UNKNOWN_CONFIGS,
-            "unvisited": UNVISITED_CONFIGS, "unheard": UNHEARD_CONFIGS,
-            "unmet": UNMET_CONFIGS, "blind": BLIND_CONFIGS, "untried": UNTRIED_CONFIGS,
-            "novel": NOVEL_CONFIGS, "fresh": FRESH_CONFIGS, "unseen": UNSEEN_CONFIGS,
-            "held_out": HELD_OUT_CONFIGS}
-    configs = next((c for name, c in sets.items() if getattr(args, name)), CONFIGS)
+    # (the newest set named wins)
+    configs = next((c for name, c in reversed(SETS.items())
+                    if getattr(args, name.replace("-", "_"))), CONFIGS)
     if args.only:
         configs = [c for c in configs if c[0] in args.only]
     from benchmarks import machine
