@@ -26,6 +26,7 @@ import dataclasses
 import functools
 import json
 import math
+import re
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
@@ -418,6 +419,10 @@ def traced_prims(call: CallRecord, xla_buffers: bool = True) -> list[Prim]:
     return [p.renamed(names) for p in _CACHE[key]]
 
 
+#: how TensorFlow's root name scopes must start (``ops._VALID_SCOPE_NAME_REGEX``)
+_ROOT_SCOPE_START = re.compile(r"[A-Za-z0-9.]")
+
+
 def _trace(call: CallRecord, xla_buffers: bool = True) -> list[Prim]:
     import keras
     import tensorflow as tf
@@ -458,8 +463,8 @@ def _trace(call: CallRecord, xla_buffers: bool = True) -> list[Prim]:
         # a layer named as TensorFlow allows only below a root scope (a
         # leading underscore: Keras names a class ``_Tied`` ``__tied``) is
         # called in one, as inside its model
-        root = (tf.name_scope("call") if not layer.name[:1].isalnum() and layer.name[:1] != "."
-                else contextlib.nullcontext())
+        root = (contextlib.nullcontext() if _ROOT_SCOPE_START.match(layer.name)
+                else tf.name_scope("call"))
         with tf.GradientTape() as tape, scope, root:
             tape.watch(floats + tw)
             out = layer(*args, **kwargs)  # (through __call__: autocasting applies)
