@@ -177,7 +177,8 @@ def lower(graph: ModelGraph, ruleset: RuleSet, method: str = "rules",
                     rule_names.append("graph")
                 except NotImplementedError as exc:  # a loop: the rule sizes it
                     logger.info("%s: %s", call.name, exc)
-                    prims = by_rule(call)
+                    kept = getattr(exc, "loops", ())
+                    prims = by_rule(dataclasses.replace(call, loops=kept) if kept else call)
                 except Exception as exc:  # not traceable on its own: use the rules
                     logger.warning("could not trace %s alone (%s); using its rule",
                                    call.name, exc)
@@ -255,6 +256,20 @@ def _output_losses(model: Any, count: int) -> list[Any]:
     return [loss] * count
 
 
+def _from_logits(loss: Any) -> bool:
+    """Whether a compiled loss (a name, a config dict, an instance or a
+    function) is told its inputs are logits."""
+    if isinstance(loss, dict):
+        return bool(loss.get("config", {}).get("from_logits", False))
+    get_config = getattr(loss, "get_config", None)
+    if callable(get_config):
+        try:
+            return bool(get_config().get("from_logits", False))
+        except Exception:  # a custom loss whose config cannot be read
+            return False
+    return False
+
+
 def _output_activation(model: Any, index: int) -> str:
     """The name of the activation that makes output ``index`` (Dense's
     ``activation``, an Activation or a Softmax layer); "" when unknown."""
@@ -290,7 +305,10 @@ def _loss_specs(model: Any, outputs: list[Any], traced: bool) -> list[LossSpec]:
         if not traced or keras.backend.backend() != "tensorflow":
             specs.append(default)
             continue
+        # a cross-entropy told its values are probabilities reads the logits
+        # under a softmax or sigmoid; one told they are logits reads the output
         on_logits = ("crossentropy" in name.replace("_", "")
+                     and not _from_logits(item)
                      and _output_activation(model, i) in ("softmax", "sigmoid", ""))
         try:
             fn = (keras.losses.deserialize(item) if isinstance(item, dict)

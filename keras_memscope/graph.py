@@ -41,6 +41,19 @@ class TensorInfo:
         return num_elements(self.shape) * dtype_bytes(self.dtype)
 
 
+@dataclasses.dataclass(frozen=True)
+class LoopKeeps:
+    """What one iteration of a layer's forward loop keeps for its gradient:
+    the sizes of the new buffers it pushes whatever gradients are wanted
+    (``always``), and those it pushes beyond them when the gradient with
+    respect to the layer's input is wanted too (``for_input``: a GRU's
+    kernel slices, which only the input gradient reads).
+    ``tfgraph.loop_iteration_bytes`` reads them off TensorFlow's loop."""
+
+    always: tuple[int, ...]
+    for_input: tuple[int, ...] = ()
+
+
 @dataclasses.dataclass
 class CallRecord:
     """One call of a layer or Keras operation, as the rules see it.
@@ -67,6 +80,9 @@ class CallRecord:
     args: tuple[Any, ...] = ()
     input_names: tuple[str, ...] = ()
     constants: tuple[tuple[str, int], ...] = ()
+    #: per forward loop the call runs, in order, what one iteration keeps
+    #: for the gradient, where its graph was read; empty: the rule's count
+    loops: tuple[LoopKeeps, ...] = ()
 
     @property
     def params(self) -> int:

@@ -27,12 +27,13 @@ import functools
 import json
 import math
 import re
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from . import xla
 from .devices import cpu_onednn_runs
-from .graph import CallRecord, op_attributes
+from .graph import CallRecord, LoopKeeps, op_attributes
 from .ir import Prim, matmul_upcast, prim
 from .units import DTYPE_BYTES
 
@@ -405,6 +406,167 @@ def _macs(op: Any) -> int:
     return 0
 
 
+class LoopLayer(NotImplementedError):
+    """A layer whose forward pass runs a loop: its rule schedules it.
+    ``loops`` holds, per forward ``While`` op in the order they run, what one
+    iteration keeps for the gradient (:func:`loop_iteration_bytes`); empty
+    where a size is not known."""
+
+    def __init__(self, message: str, loops: tuple[LoopKeeps, ...]) -> None:
+        super().__init__(message)
+        self.loops = loops
+
+
+def _needed(outputs: Sequence[Any]) -> set[str]:
+    """The names of the ops ``outputs`` depend on (what the runtime runs)."""
+    needed: set[str] = set()
+    stack = [t.op for t in outputs]
+    while stack:
+        op = stack.pop()
+        if op.name in needed:
+            continue
+        needed.add(op.name)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return needed
+
+
+def _past_identities(t: Any) -> Any:
+    while t.op.type == "Identity" and t.op.inputs:
+        t = t.op.inputs[0]
+    return t
+
+
+def _live_loop_inputs(loop: Any, live_outputs: set[int]) -> set[int]:
+    """The loop variables of a ``While`` op that its live outputs depend on,
+    through any number of iterations of its body."""
+    body = loop._body_graph
+    position = {t.name: i for i, t in enumerate(body.inputs)}
+    live, work, seen = set(live_outputs), list(live_outputs), set()
+    while work:
+        stack = [body.outputs[work.pop()].op]
+        while stack:
+            op = stack.pop()
+            if op.name in seen:
+                continue
+            seen.add(op.name)
+            stack.extend(op.control_inputs)
+            for t in op.inputs:
+                j = position.get(t.name)
+                if j is None:
+                    stack.append(t.op)
+                elif j not in live:
+                    live.add(j)
+                    work.append(j)
+    return live
+
+
+def _loops_kept(forward: Sequence[Any], ops: Sequence[Any],
+                outputs: Sequence[Any]) -> list[tuple[int, ...] | None]:
+    """:func:`loop_iteration_bytes` of each forward ``While`` op among
+    ``forward``, counting the lists that the gradient loops ``outputs``
+    need read (the others are pushed, and dropped when the loop ends)."""
+    needed = _needed(outputs)
+    loops = [op for op in forward if op.type in ("While", "StatelessWhile")]
+    read: dict[str, set[int]] = {op.name: set() for op in loops}
+    for grad in ops:
+        if grad.type not in ("While", "StatelessWhile") or grad.name not in needed \
+                or grad.name in read or getattr(grad, "_body_graph", None) is None:
+            continue
+        live = {k for k, t in enumerate(grad.outputs)
+                if any(c.name in needed for c in t.consumers())}
+        for j in _live_loop_inputs(grad, live):
+            src = _past_identities(grad.inputs[j])
+            if src.op.name in read:
+                read[src.op.name].add(src.value_index)
+    return [loop_iteration_bytes(op, read[op.name]) for op in loops]
+
+
+#: Ops of a loop body whose output holds no buffer of its own: a variable's
+#: value (its buffer), an element of a list made before the loop (the input
+#: sequence), a constant.
+_NOT_KEPT_BY_LOOP = {"ReadVariableOp", "TensorListGetItem", "Const"}
+
+
+def _slice_is_view(op: Any) -> bool:
+    """Whether a ``StridedSlice`` or ``Split`` output shares its input's
+    buffer: TensorFlow's kernels slice without copying only along the first
+    dimension (every later dimension whole)."""
+    try:
+        src, out = op.inputs[0].shape, op.outputs[0].shape
+        if op.type == "Split":
+            src, out = op.inputs[1].shape, op.outputs[0].shape
+        if src.rank is None or out.rank is None or src.rank == 0:
+            return False
+        rest = list(src)[1:]
+        if None in rest:
+            return False
+        # rows of the first dimension, or one row of it (a shrunk axis)
+        return (src.rank == out.rank and rest == list(out)[1:]) or rest == list(out)
+    except Exception:
+        return False
+
+
+def loop_iteration_bytes(while_op: Any, read: Collection[int]) -> tuple[int, ...] | None:
+    """The sizes of the new buffers one iteration of a forward ``While`` loop
+    keeps for its gradient, read off the loop's body.
+
+    TensorFlow's ``while_v2`` gradient pushes every body tensor the gradient
+    body reads onto a list (``TensorListPushBack`` accumulators), one per
+    iteration. ``read`` names the loop outputs (the lists) a gradient loop
+    the step runs reads: those are held until the backward loop pops them;
+    the others are dropped when the forward loop ends (what only a gradient
+    nobody asks for reads). A pushed tensor holds no
+    buffer of its own when it is a view (``Identity``, ``Reshape``, a slice
+    along the first dimension), a variable's value, an element of the input
+    list, a constant or a loop invariant; the previous iteration's state
+    (a loop variable) is the buffer the previous iteration made, counted once
+    when that result is pushed too (a SimpleRNN's ``tanh`` is next step's
+    ``h``). Everything else is a buffer per iteration: an LSTM's gates and
+    states, and what Keras' cells compute per step beside them (a GRU with
+    ``reset_after=False`` slices its recurrent kernel into three copies at
+    every step; recurrent dropout multiplies the state by three masks)."""
+    body = getattr(while_op, "_body_graph", None)
+    if body is None:
+        return None
+    passed = {i for i, (a, b) in enumerate(zip(body.inputs, body.outputs)) if a is b}
+
+    def root(t: Any) -> Any:
+        while True:
+            op = t.op
+            if op.type in VIEW_OPS - {"ReadVariableOp", "Placeholder"} and op.inputs:
+                t = op.inputs[0]
+            elif op.type in ("StridedSlice", "Slice") and _slice_is_view(op):
+                t = op.inputs[0]
+            elif op.type == "Split" and _slice_is_view(op):
+                t = op.inputs[1]
+            else:
+                return t
+
+    roots: dict[str, Any] = {}
+    for m in sorted(read):
+        op = body.outputs[m].op if m < len(body.outputs) else None
+        if op is not None and op.type == "TensorListPushBack" and len(op.inputs) > 1:
+            t = root(op.inputs[1])
+            roots[t.name] = t
+    position = {t.name: i for i, t in enumerate(body.inputs)}
+    sizes = []
+    for name, t in roots.items():
+        if t.op.type in _NOT_KEPT_BY_LOOP or t.dtype.name in ("resource", "variant"):
+            continue
+        i = position.get(name)
+        if i is not None:
+            if i in passed or i >= len(body.outputs):
+                continue  # a loop invariant: one buffer for all iterations
+            if root(body.outputs[i]).name in roots:
+                continue  # this iteration's result, pushed by the previous one
+        n = t.shape.num_elements()
+        if n is None:
+            return None  # an unknown size: the rule's own count stands
+        sizes.append(n * t.dtype.size)
+    return tuple(sizes)
+
+
 def traced_prims(call: CallRecord, xla_buffers: bool = True) -> list[Prim]:
     """The prims of one layer call, from TensorFlow's graph of its forward and
     gradient (cached by the call's signature). With ``xla_buffers`` a function the
@@ -442,6 +604,7 @@ def _trace(call: CallRecord, xla_buffers: bool = True) -> list[Prim]:
     boundary: list[int] = []
     out_names: list[str] = []
     n_in, n_t = len(specs), len(trainable)
+    input_gradient_count: list[int] = []
 
     def step(*all_args: Any) -> Any:
         xs = all_args[:n_in]
@@ -480,6 +643,7 @@ def _trace(call: CallRecord, xla_buffers: bool = True) -> list[Prim]:
             targets = targets + added
             incoming = incoming + [tf.ones_like(x) for x in added]
         grads = tape.gradient(targets, floats + tw, output_gradients=incoming or None)
+        input_gradient_count.append(sum(g is not None for g in grads[:len(floats)]))
         # only the gradients are returned: returning the outputs would add
         # ops after the forward pass that read them
         return [g for g in grads if g is not None]
@@ -519,9 +683,17 @@ def _trace(call: CallRecord, xla_buffers: bool = True) -> list[Prim]:
         {op.name for op in ran if op.type in ("While", "StatelessWhile")})
     loops = {op.type for op in ops[:split]} & {"While", "StatelessWhile", "If", "StatelessIf"}
     if loops:
-        # the per-iteration tensors a loop keeps live in lists the graph does not size
-        raise NotImplementedError(f"{type(layer).__name__} runs {sorted(loops)[0]}: "
-                                  "its rule is used")
+        # the rule schedules a loop, with what its iterations keep, read here:
+        # for every gradient, and for the weights' alone (the runtime prunes
+        # what only the input's gradient reads)
+        with_input = _loops_kept(ops[:split], ops, graph.outputs)
+        without = _loops_kept(ops[:split], ops, graph.outputs[input_gradient_count[0]:])
+        kept = ()
+        if all(a is not None and b is not None for a, b in zip(with_input, without)):
+            kept = tuple(LoopKeeps(b, tuple((Counter(a) - Counter(b)).elements()))
+                         for a, b in zip(with_input, without))
+        raise LoopLayer(f"{type(layer).__name__} runs {sorted(loops)[0]}: its rule is used",
+                        kept)
     # the gradients arriving at the outputs: the arguments after the weights
     # (captured tensors come after them)
     args = [t for t in graph.inputs if t.dtype.name != "resource"]
@@ -548,15 +720,7 @@ def _run(graph: Any, backward: list[Any]) -> list[Any]:
     gradient may compute more than is asked of it: ``tf.nn.silu``'s also
     returns the gradient of its constant ``beta``, four input-sized products
     and a sum nobody reads (a swish at 16 MiB activations: 64 MiB)."""
-    needed: set[str] = set()
-    stack = [t.op for t in graph.outputs]
-    while stack:
-        op = stack.pop()
-        if op.name in needed:
-            continue
-        needed.add(op.name)
-        stack.extend(t.op for t in op.inputs)
-        stack.extend(op.control_inputs)
+    needed = _needed(graph.outputs)
     return [op for op in backward if op.name in needed or op._is_stateful]
 
 

@@ -210,3 +210,33 @@ def named_outputs() -> keras.Model:
 
 
 ZOO["named_outputs"] = named_outputs
+
+
+@keras.saving.register_keras_serializable(package="memscope_tests")
+class Project(keras.layers.Layer):
+    """A custom output projection with no ``activation`` attribute."""
+
+    def __init__(self, units: int, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+
+    def build(self, input_shape):
+        self.kernel = self.add_weight(shape=(input_shape[-1], self.units))
+
+    def call(self, x):
+        return keras.ops.matmul(x, self.kernel)
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units}
+
+
+def projected_lm() -> keras.Model:
+    """Embedding (8000 x 128) over 64 tokens, a causal Conv1D, a GELU Dense,
+    logits over 8000 words from :class:`Project`, cross-entropy on logits."""
+    tokens = keras.Input((64,), dtype="int32")
+    x = layers.Embedding(8000, 128)(tokens)
+    x = layers.Conv1D(128, 3, padding="causal", activation="relu")(x)
+    x = layers.Dense(128, activation="gelu")(x)
+    model = keras.Model(tokens, Project(8000)(x), name="projected_lm")
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model

@@ -11,6 +11,12 @@ TensorFlow keeps, for every timestep, each tensor the cell's gradient needs:
 * ConvLSTM1D/2D/3D: an LSTM's 7 per position of the output map, x filters;
 
 plus the time-major copy of the input (the kernel gradient reads every x_t).
+With the graph method these counts give way to what TensorFlow's loop
+pushes for its gradient loop, read off the traced loop
+(``tfgraph.loop_iteration_bytes``): a cell's own extras, such as the
+kernel slices a GRU with ``reset_after=False`` copies at every step and
+the products of recurrent dropout's masks, and only what the gradients the
+step asks for read.
 The backward loop holds one kernel's partial gradient for the step beside the
 running sums, as long as the sums keep up with the loop (:func:`_backlog_parts`
 is the bound when they do not). A layer that
@@ -20,10 +26,11 @@ does not return the sequence writes one output slot, not one per step.
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import keras
 
-from ..graph import CallRecord, TensorInfo
+from ..graph import CallRecord, LoopKeeps, TensorInfo
 from ..ir import Prim
 from ..units import dtype_bytes
 from . import current_rules, register
@@ -133,7 +140,15 @@ def _loop(call: CallRecord, steps: int, features: int, units: int, gates: int,
     x = call.inputs[0]
     batch = x.shape[0]
     itemsize = x.nbytes // max(math.prod(x.shape), 1)
-    state_bytes = steps * batch * units * per_step_state * itemsize
+    # what every step keeps: read off the loop TensorFlow built where the
+    # graph was traced (with what it keeps only for the input's gradient),
+    # else the cell's count of state-sized tensors
+    if len(call.loops) == 1:
+        kept, for_input = Counter(call.loops[0].always), Counter(call.loops[0].for_input)
+    else:
+        kept, for_input = Counter({batch * units * itemsize: per_step_state}), Counter()
+    states = [(size, count, False) for size, count in sorted(kept.items())]
+    states += [(size, count, True) for size, count in sorted(for_input.items())]
     # the loop writes every step's output only when the layer returns the
     # sequence; otherwise its output array has one slot (Keras'
     # ``return_all_outputs``), and the gradient that comes back is one step's
@@ -152,10 +167,10 @@ def _loop(call: CallRecord, steps: int, features: int, units: int, gates: int,
     xt = b.add1("to_time_major", ["in0"], x.nbytes)
     # TensorArray.unstack copies every timestep into its own tensor
     xs = b.add1("unstack", [xt], x.nbytes, output_pieces={"__OUT__": steps})
-    seq, state = b.add(
+    seq, *state = b.add(
         "recurrence",
         [xs, *params],
-        [seq_bytes, state_bytes],
+        [seq_bytes, *(steps * count * size for size, count, _ in states)],
         macs=macs,
         forward_workspace_bytes=2 * batch * gates * units * itemsize,
         # the gradient loop starts each timestep's input gradient from zeros,
@@ -167,8 +182,12 @@ def _loop(call: CallRecord, steps: int, features: int, units: int, gates: int,
         backlog_parts=_backlog_parts(call, steps),
     )
     # each timestep pushes its own small tensors, only read by the gradient
-    b.prims[-1] = Prim(**{**b.prims[-1].__dict__, "save": (xs, state),
-                          "output_pieces": ((state, steps * per_step_state),)})
+    b.prims[-1] = Prim(**{
+        **b.prims[-1].__dict__,
+        "save": (xs, *(ref for ref, (*_, extra) in zip(state, states) if not extra)),
+        "save_for": ((xs, tuple(ref for ref, (*_, extra) in zip(state, states) if extra)),),
+        "output_pieces": tuple((ref, steps * count) for ref, (_, count, _) in zip(state, states)),
+    })
     outs = []
     if sequences:
         outs.append(b.add1("to_batch_major", [seq], call.outputs[0].nbytes))
@@ -223,7 +242,8 @@ def _backlog_parts(call: CallRecord, steps: int) -> list[int]:
 
 
 def _sub_call(call: CallRecord, layer: object, inputs: tuple[TensorInfo, ...],
-              outputs: tuple[TensorInfo, ...]) -> CallRecord:
+              outputs: tuple[TensorInfo, ...],
+              loops: tuple[LoopKeeps, ...] = ()) -> CallRecord:
     own = {id(v) for v in layer.weights}  # type: ignore[attr-defined]
     weights = tuple(w for w in call.weights if w.key in own)
     renamed = []
@@ -231,7 +251,7 @@ def _sub_call(call: CallRecord, layer: object, inputs: tuple[TensorInfo, ...],
     for w in weights:
         renamed.append(type(w)(w.key, names[w.key], w.nbytes, w.trainable, w.dtype))
     return CallRecord(call.index, call.name, layer, type(layer).__name__, inputs, outputs,
-                      {}, tuple(renamed))
+                      {}, tuple(renamed), loops=loops)
 
 
 def _prefixed(prims: list[Prim], prefix: str, mapping: dict[str, str],
@@ -274,8 +294,10 @@ def bidirectional(call: CallRecord) -> list[Prim]:
     half = TensorInfo(-1, half_shape, out.dtype)
     b = Builder(call)
     prims: list[Prim] = []
-    fwd = _sub_call(call, layer.forward_layer, (x,), (half,))
-    bwd = _sub_call(call, layer.backward_layer, (x,), (half,))
+    # the two loops, forward layer's first, as the call runs them
+    loops = call.loops if len(call.loops) == 2 else ()
+    fwd = _sub_call(call, layer.forward_layer, (x,), (half,), loops[:1])
+    bwd = _sub_call(call, layer.backward_layer, (x,), (half,), loops[1:])
     prims += inline(call, fwd, "fwd/", ["in0"], ["fwd.out"])
     prims += inline(call, bwd, "bwd/", ["in0"], ["bwd.out"])
     b.prims = prims
