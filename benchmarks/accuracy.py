@@ -23,6 +23,7 @@ forked from one that has imported TensorFlow (``benchmarks.machine.processes``).
     python -m benchmarks.accuracy --uncharted     # estimated in the round after --unknown
     python -m benchmarks.accuracy --untrodden     # estimated in the round after --uncharted
     python -m benchmarks.accuracy --unplanned     # estimated in the round after --untrodden
+    python -m benchmarks.accuracy --unforeseen    # estimated in the round after --unplanned
     python -m benchmarks.accuracy --only resnet50 --remeasure
 
 Relative error = (estimate - measured) / measured, against the highest
@@ -144,12 +145,17 @@ UNPLANNED_CONFIGS = [
     ("tiedlm", 32, "adam"), ("multihead", 64, "sgd"), ("grudrop", 32, "rmsprop"),
     ("efficientnetb2", 4, "adamw"),
 ]
+UNFORESEEN_CONFIGS = [
+    ("lstmdrop", 32, "adam"), ("birnnsum", 64, "sgd"), ("cropnet", 16, "nadam"),
+    ("ropeattn", 16, "adamw"), ("topkpool", 64, "rmsprop"),
+]
 #: the sets beside the zoo, by their flag, in the order they were written
 SETS = {"held-out": HELD_OUT_CONFIGS, "unseen": UNSEEN_CONFIGS, "fresh": FRESH_CONFIGS,
         "novel": NOVEL_CONFIGS, "untried": UNTRIED_CONFIGS, "blind": BLIND_CONFIGS,
         "unmet": UNMET_CONFIGS, "unheard": UNHEARD_CONFIGS, "unvisited": UNVISITED_CONFIGS,
         "unknown": UNKNOWN_CONFIGS, "uncharted": UNCHARTED_CONFIGS,
-        "untrodden": UNTRODDEN_CONFIGS, "unplanned": UNPLANNED_CONFIGS}
+        "untrodden": UNTRODDEN_CONFIGS, "unplanned": UNPLANNED_CONFIGS,
+        "unforeseen": UNFORESEEN_CONFIGS}
 #: optimizers with options, by the name a configuration gives them
 OPTIMIZERS = {
     "adam-globalclip": {"class_name": "Adam", "config": {"global_clipnorm": 1.0}},
@@ -186,7 +192,8 @@ def add_model_arguments(parser: Any) -> None:
 OWN_LOSS = ("gru", "unet", "autoencoder", "twotower", "skipnet", "timedistributed", "causal",
             "subclassed", "vae", "generator", "siamese", "deeplab", "crnn", "selunet",
             "upconv1d", "denoiser", "unet3d", "ncf", "spectral", "tokenattn", "poissonnet",
-            "maskednet", "maskedmean", "widedeep", "tiedlm", "multihead")
+            "maskednet", "maskedmean", "widedeep", "tiedlm", "multihead", "lstmdrop",
+            "birnnsum", "cropnet")
 
 
 def _key(model: str, batch: int, opt: str) -> str:

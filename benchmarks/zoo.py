@@ -1159,6 +1159,101 @@ def efficientnetb2() -> keras.Model:
     return keras.applications.EfficientNetB2(weights=None, input_shape=(160, 160, 3))
 
 
+
+def lstmdrop() -> keras.Model:
+    """An LSTM with input and recurrent dropout over a 5000 x 64 Embedding of
+    100 tokens, returning the sequence, max-pooled to 4 classes."""
+    tokens = keras.Input((100,), dtype="int32")
+    x = layers.Embedding(5000, 64)(tokens)
+    x = layers.LSTM(128, dropout=0.1, recurrent_dropout=0.2, return_sequences=True)(x)
+    model = keras.Model(tokens, layers.Dense(4)(layers.GlobalMaxPooling1D()(x)),
+                        name="lstmdrop")
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def birnnsum() -> keras.Model:
+    """Over 50 steps of 16 features: a bidirectional GRU (``reset_after=False``)
+    whose directions are summed, then a bidirectional SimpleRNN returning the
+    last state, one regression output (mean absolute error)."""
+    inputs = keras.Input((50, 16))
+    x = layers.Bidirectional(layers.GRU(64, reset_after=False, return_sequences=True),
+                             merge_mode="sum")(inputs)
+    x = layers.Bidirectional(layers.SimpleRNN(32))(x)
+    model = keras.Model(inputs, layers.Dense(1)(x), name="birnnsum")
+    model.compile(loss="mae")
+    return model
+
+
+def cropnet() -> keras.Model:
+    """A convolutional autoencoder on 60 x 60 x 3 images: ZeroPadding2D to 64,
+    two stride-2 convolutions, a bilinear UpSampling2D, a stride-2
+    Conv2DTranspose, Cropping2D back to 60 x 60, compiled with mean squared
+    error against the image."""
+    inputs = keras.Input((60, 60, 3))
+    x = layers.ZeroPadding2D(2)(inputs)
+    x = layers.Conv2D(32, 3, strides=2, padding="same", activation="relu")(x)
+    x = layers.Conv2D(64, 3, strides=2, padding="same", activation="relu")(x)
+    x = layers.UpSampling2D(interpolation="bilinear")(x)
+    x = layers.Conv2DTranspose(32, 3, strides=2, padding="same", activation="relu")(x)
+    x = layers.Cropping2D(2)(x)
+    model = keras.Model(inputs, layers.Conv2D(3, 1)(x), name="cropnet")
+    model.compile(loss="mse")
+    return model
+
+
+class _Rotary(layers.Layer):
+    """Rotary position embedding of the last axis: pairs of features turned by
+    position-dependent angles (sin and cos computed in the call)."""
+
+    def call(self, x):
+        half = x.shape[-1] // 2
+        positions = keras.ops.arange(x.shape[1], dtype="float32")[:, None]
+        freqs = keras.ops.power(10000.0, -keras.ops.arange(half, dtype="float32") / half)
+        angles = positions * freqs[None, :]
+        sin, cos = keras.ops.sin(angles), keras.ops.cos(angles)
+        a, b = x[..., :half], x[..., half:]
+        return keras.ops.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
+
+
+def ropeattn() -> keras.Model:
+    """A token model of 128 positions: Embedding (6000 x 128), rotary position
+    embedding, two blocks of 4-head self-attention with residual adds and
+    LayerNormalization and a 256-wide ReLU feed-forward, the mean over
+    positions to 20 classes."""
+    tokens = keras.Input((128,), dtype="int32")
+    x = _Rotary()(layers.Embedding(6000, 128)(tokens))
+    for _ in range(2):
+        h = layers.MultiHeadAttention(4, 32)(x, x)
+        x = layers.LayerNormalization()(layers.Add()([x, h]))
+        h = layers.Dense(128)(layers.Dense(256, activation="relu")(x))
+        x = layers.LayerNormalization()(layers.Add()([x, h]))
+    return keras.Model(tokens, layers.Dense(20)(layers.GlobalAveragePooling1D()(x)),
+                       name="ropeattn")
+
+
+class _TopK(layers.Layer):
+    """The k largest values over time of every channel (``top_k`` on the
+    transposed sequence), flattened."""
+
+    def __init__(self, k: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.k = k
+
+    def call(self, x):
+        values, _ = keras.ops.top_k(keras.ops.transpose(x, (0, 2, 1)), self.k)
+        return keras.ops.reshape(values, (-1, x.shape[-1] * self.k))
+
+
+def topkpool() -> keras.Model:
+    """Two Conv1D (64 channels, kernel 7, ELU) over 512 steps of 8 features,
+    the 8 largest values of each channel over time, a Dense to 6 classes."""
+    inputs = keras.Input((512, 8))
+    x = layers.Conv1D(64, 7, padding="same", activation="elu")(inputs)
+    x = layers.Conv1D(64, 7, padding="same", activation="elu")(x)
+    return keras.Model(inputs, layers.Dense(6)(_TopK(8)(x)), name="topkpool")
+
+
 ZOO = {f.__name__: f for f in (mlp, cnn, resnet50, mobilenetv2, vgg16, densenet121, lstm,
                                transformer)}
 HELD_OUT = {f.__name__: f for f in (unet, gru, vit, separable)}
@@ -1180,6 +1275,7 @@ UNCHARTED = {f.__name__: f for f in (regnetlike, mobilenetv3large, convlstm1d, m
                                      tdconv)}
 UNTRODDEN = {f.__name__: f for f in (channelsfirst, widedeep, mhadropout, sepspatial)}
 UNPLANNED = {f.__name__: f for f in (tiedlm, multihead, grudrop, efficientnetb2)}
+UNFORESEEN = {f.__name__: f for f in (lstmdrop, birnnsum, cropnet, ropeattn, topkpool)}
 
 
 # --- large models, estimated without building their weights ------------------
