@@ -24,6 +24,7 @@ forked from one that has imported TensorFlow (``benchmarks.machine.processes``).
     python -m benchmarks.accuracy --untrodden     # estimated in the round after --uncharted
     python -m benchmarks.accuracy --unplanned     # estimated in the round after --untrodden
     python -m benchmarks.accuracy --unforeseen    # estimated in the round after --unplanned
+    python -m benchmarks.accuracy --unexpected    # written after --unforeseen was measured
     python -m benchmarks.accuracy --only resnet50 --remeasure
 
 Relative error = (estimate - measured) / measured, against the highest
@@ -149,13 +150,17 @@ UNFORESEEN_CONFIGS = [
     ("lstmdrop", 32, "adam"), ("birnnsum", 64, "sgd"), ("cropnet", 16, "nadam"),
     ("ropeattn", 16, "adamw"), ("topkpool", 64, "rmsprop"),
 ]
+UNEXPECTED_CONFIGS = [
+    ("imgattn", 16, "adam"), ("dwmult", 32, "sgd-nesterov-ema"), ("rmsmlp", 512, "sgd-momentum"),
+    ("sincnet", 16, "adam"), ("cosreg", 1024, "rmsprop"),
+]
 #: the sets beside the zoo, by their flag, in the order they were written
 SETS = {"held-out": HELD_OUT_CONFIGS, "unseen": UNSEEN_CONFIGS, "fresh": FRESH_CONFIGS,
         "novel": NOVEL_CONFIGS, "untried": UNTRIED_CONFIGS, "blind": BLIND_CONFIGS,
         "unmet": UNMET_CONFIGS, "unheard": UNHEARD_CONFIGS, "unvisited": UNVISITED_CONFIGS,
         "unknown": UNKNOWN_CONFIGS, "uncharted": UNCHARTED_CONFIGS,
         "untrodden": UNTRODDEN_CONFIGS, "unplanned": UNPLANNED_CONFIGS,
-        "unforeseen": UNFORESEEN_CONFIGS}
+        "unforeseen": UNFORESEEN_CONFIGS, "unexpected": UNEXPECTED_CONFIGS}
 #: optimizers with options, by the name a configuration gives them
 OPTIMIZERS = {
     "adam-globalclip": {"class_name": "Adam", "config": {"global_clipnorm": 1.0}},
@@ -193,7 +198,7 @@ OWN_LOSS = ("gru", "unet", "autoencoder", "twotower", "skipnet", "timedistribute
             "subclassed", "vae", "generator", "siamese", "deeplab", "crnn", "selunet",
             "upconv1d", "denoiser", "unet3d", "ncf", "spectral", "tokenattn", "poissonnet",
             "maskednet", "maskedmean", "widedeep", "tiedlm", "multihead", "lstmdrop",
-            "birnnsum", "cropnet")
+            "birnnsum", "cropnet", "dwmult", "rmsmlp", "cosreg")
 
 
 def _key(model: str, batch: int, opt: str) -> str:

@@ -1254,6 +1254,99 @@ def topkpool() -> keras.Model:
     return keras.Model(inputs, layers.Dense(6)(_TopK(8)(x)), name="topkpool")
 
 
+
+def imgattn() -> keras.Model:
+    """A stride-2 convolutional stem to 16 x 16 x 64 on 64 x 64 x 3 images,
+    then 4-head MultiHeadAttention over both spatial axes at once
+    (``attention_axes=(1, 2)``) with a residual add and LayerNormalization,
+    global average pooling, 10 classes."""
+    inputs = keras.Input((64, 64, 3))
+    x = layers.Conv2D(32, 3, strides=2, padding="same", activation="relu")(inputs)
+    x = layers.Conv2D(64, 3, strides=2, padding="same", activation="relu")(x)
+    h = layers.MultiHeadAttention(4, 16, attention_axes=(1, 2))(x, x)
+    x = layers.LayerNormalization()(layers.Add()([x, h]))
+    return keras.Model(inputs, layers.Dense(10)(layers.GlobalAveragePooling2D()(x)),
+                       name="imgattn")
+
+
+def dwmult() -> keras.Model:
+    """DepthwiseConv2D blocks with ``depth_multiplier=2`` (each doubling the
+    channels), BatchNormalization and ReLU6, on 48 x 48 x 8 inputs; a softmax
+    over 12 classes compiled with categorical cross-entropy with label
+    smoothing (on probabilities: the loss reads the logits underneath)."""
+    inputs = keras.Input((48, 48, 8))
+    x = inputs
+    for _ in range(3):
+        x = layers.DepthwiseConv2D(3, depth_multiplier=2, padding="same", use_bias=False)(x)
+        x = layers.ReLU(6.0)(layers.BatchNormalization()(x))
+        x = layers.MaxPooling2D()(x)
+    x = layers.Dense(12, activation="softmax")(layers.Flatten()(x))
+    model = keras.Model(inputs, x, name="dwmult")
+    model.compile(loss=keras.losses.CategoricalCrossentropy(label_smoothing=0.1))
+    return model
+
+
+def rmsmlp() -> keras.Model:
+    """An MLP on 512 features: three Dense(1024) blocks with LayerNormalization
+    without its offset (``center=False``), swish and AlphaDropout or
+    GaussianDropout, a regression of 16 values compiled with the Huber loss."""
+    inputs = keras.Input((512,))
+    x = inputs
+    for i in range(3):
+        x = layers.Dense(1024)(x)
+        x = layers.Activation("swish")(layers.LayerNormalization(center=False)(x))
+        x = layers.AlphaDropout(0.1)(x) if i % 2 == 0 else layers.GaussianDropout(0.1)(x)
+    model = keras.Model(inputs, layers.Dense(16)(x), name="rmsmlp")
+    model.compile(loss=keras.losses.Huber())
+    return model
+
+
+class _SincConv(layers.Layer):
+    """Band-pass filters built at every call from two trainable frequencies
+    each (SincNet): the kernel is computed, not stored, then convolved."""
+
+    def __init__(self, filters: int, width: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.filters, self.width = filters, width
+
+    def build(self, input_shape):
+        self.low = self.add_weight(shape=(self.filters,), initializer="uniform")
+        self.band = self.add_weight(shape=(self.filters,), initializer="uniform")
+
+    def call(self, x):
+        t = keras.ops.arange(-(self.width // 2), self.width // 2 + 1, dtype="float32")
+        t = keras.ops.where(keras.ops.equal(t, 0.0), 1e-3, t)[:, None]
+        low, high = keras.ops.abs(self.low), keras.ops.abs(self.low) + keras.ops.abs(self.band)
+        kernel = (keras.ops.sin(high * t) - keras.ops.sin(low * t)) / (3.14159 * t)
+        kernel = kernel * keras.ops.hanning(self.width)[:, None]
+        return keras.ops.conv(x, kernel[:, None, :], padding="same")
+
+
+def sincnet() -> keras.Model:
+    """A raw-waveform model over 8000 samples: 64 SincNet band-pass filters
+    of width 101, max pooling, two Conv1D with LeakyReLU, global average
+    pooling, 8 classes."""
+    inputs = keras.Input((8000, 1))
+    x = layers.MaxPooling1D(4)(layers.Activation("relu")(_SincConv(64, 101)(inputs)))
+    x = layers.LeakyReLU()(layers.Conv1D(64, 5, strides=2)(x))
+    x = layers.LeakyReLU()(layers.Conv1D(64, 5, strides=2)(x))
+    return keras.Model(inputs, layers.Dense(8)(layers.GlobalAveragePooling1D()(x)),
+                       name="sincnet")
+
+
+def cosreg() -> keras.Model:
+    """Two inputs (128 and 64 features) through their own Dense towers,
+    concatenated, to a 256-wide embedding compiled with the cosine
+    similarity loss."""
+    a, b = keras.Input((128,)), keras.Input((64,))
+    x = layers.Concatenate()([layers.Dense(512, activation="relu")(a),
+                              layers.Dense(512, activation="relu")(b)])
+    x = layers.Dense(512, activation="tanh")(x)
+    model = keras.Model([a, b], layers.Dense(256)(x), name="cosreg")
+    model.compile(loss=keras.losses.CosineSimilarity())
+    return model
+
+
 ZOO = {f.__name__: f for f in (mlp, cnn, resnet50, mobilenetv2, vgg16, densenet121, lstm,
                                transformer)}
 HELD_OUT = {f.__name__: f for f in (unet, gru, vit, separable)}
@@ -1276,6 +1369,7 @@ UNCHARTED = {f.__name__: f for f in (regnetlike, mobilenetv3large, convlstm1d, m
 UNTRODDEN = {f.__name__: f for f in (channelsfirst, widedeep, mhadropout, sepspatial)}
 UNPLANNED = {f.__name__: f for f in (tiedlm, multihead, grudrop, efficientnetb2)}
 UNFORESEEN = {f.__name__: f for f in (lstmdrop, birnnsum, cropnet, ropeattn, topkpool)}
+UNEXPECTED = {f.__name__: f for f in (imgattn, dwmult, rmsmlp, sincnet, cosreg)}
 
 
 # --- large models, estimated without building their weights ------------------
