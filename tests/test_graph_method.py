@@ -748,8 +748,10 @@ def test_logits_of_a_custom_projection_against_measurement():
     assert_near_highest_process(projected_lm(), 32, "adam")
 
 
-def _kept_by_loop(layer: keras.layers.Layer, shape: tuple[int, ...]) -> object:
-    """What one iteration of the layer's loop keeps, read off its graph."""
+def _kept_by_loop(layer: keras.layers.Layer, shape: tuple[int, ...],
+                  both: bool = False) -> object:
+    """What one iteration of the layer's loop keeps, read off its graph (with
+    ``both``, every loop's, in order)."""
     from keras_memscope.graph import trace_model
     from keras_memscope.tfgraph import LoopLayer, traced_prims
 
@@ -758,6 +760,8 @@ def _kept_by_loop(layer: keras.layers.Layer, shape: tuple[int, ...]) -> object:
     (call,) = [c for c in calls if c.layer is layer]
     with pytest.raises(LoopLayer) as info:
         traced_prims(call)
+    if both:
+        return info.value.loops
     (kept,) = info.value.loops
     return kept
 
@@ -792,3 +796,25 @@ def test_gru_with_recurrent_dropout_against_measurement():
     from benchmarks.zoo import grudrop
 
     assert_near_highest_process(grudrop(), 32, "rmsprop")
+
+
+def test_bidirectional_loops_each_keep_what_their_gradient_loop_reads():
+    """A Bidirectional layer runs two loops, the forward layer's first; each
+    direction's rule gets its own loop's count. With ``reset_after=False``
+    (and no dropout) each GRU copies two slices of its recurrent kernel at
+    every step, the update and reset gates' columns together and the
+    candidate's, which the cell's count of six state-sized tensors has no
+    room for."""
+    steps, features, units, batch = 20, 8, 32, 4
+    gru = layers.GRU(units, reset_after=False, return_sequences=True)
+    layer = layers.Bidirectional(gru)
+    model = keras.Sequential([keras.Input((steps, features)), layer, layers.Dense(1)])
+    loops = _kept_by_loop(layer, (batch, steps, features), both=True)
+    assert len(loops) == 2
+    slices = [units * units * 4, units * 2 * units * 4]
+    for kept in loops:
+        assert sorted(n for n in kept.always if n >= units * units * 4) == slices
+    est = memscope.estimate(model, batch, optimizer="sgd", device="cpu", method="graph")
+    (record,) = [r for r in est.layers if r.class_name == "Bidirectional"]
+    # two directions, every step: six state-sized tensors and the three slices
+    assert record.activation_bytes >= 2 * steps * (6 * batch * units * 4 + sum(slices))
