@@ -712,6 +712,23 @@ def test_a_products_two_gradients_run_side_by_side(monkeypatch):
     assert step_at_the_product(model()) < 2**20
 
 
+def assert_loop_within_its_bound(model: keras.Model, batch: int, optimizer: str,
+                                 tolerance: float = 0.10) -> None:
+    """The highest of two measuring processes' peaks (four steps each) lies
+    between the graph estimate and the estimate plus what the recurrent
+    loop may hold if it runs ahead of its weight-gradient sums
+    (``possible_extra_bytes``), within ``tolerance``: a step where it ran
+    ahead is as real as one where it kept up."""
+    est = memscope.estimate(model, batch, optimizer=optimizer, device="cpu", method="graph")
+    assert est.possible_extra_bytes > 0
+    measured = [memscope.measure(model, batch, optimizer=optimizer, steps=4, device="cpu")
+                for _ in range(2)]
+    highest = max(m.peak_bytes for m in measured)
+    low, high = est.peak_bytes, est.peak_bytes + est.possible_extra_bytes
+    assert (1 - tolerance) * low <= highest <= (1 + tolerance) * high, (
+        low, high, [m.step_peak_bytes for m in measured])
+
+
 def test_logits_from_a_layer_without_activation_share_the_losss_gradient():
     """A cross-entropy told its values are logits reads the model's output
     itself, whatever layer makes it: TensorFlow writes the softmax's
@@ -791,11 +808,13 @@ def test_loop_keeps_what_its_gradient_loop_reads():
 
 def test_gru_with_recurrent_dropout_against_measurement():
     """The GRU above in the accuracy set's model (80 steps, batch 32,
-    RMSprop): measured 20.9-22.1 MiB, estimated 21.3; 9.9 with the cell's
+    RMSprop): measured 20.9-22.1 MiB in the accuracy set's 18 steps,
+    estimated 21.3 (up to 24.8 if the loop runs ahead of its sums; one
+    step of eight measured in the tests reached 26.0); 9.9 with the cell's
     count of six state-sized tensors per step."""
     from benchmarks.zoo import grudrop
 
-    assert_near_highest_process(grudrop(), 32, "rmsprop")
+    assert_loop_within_its_bound(grudrop(), 32, "rmsprop")
 
 
 def test_bidirectional_loops_each_keep_what_their_gradient_loop_reads():
@@ -818,3 +837,17 @@ def test_bidirectional_loops_each_keep_what_their_gradient_loop_reads():
     (record,) = [r for r in est.layers if r.class_name == "Bidirectional"]
     # two directions, every step: six state-sized tensors and the three slices
     assert record.activation_bytes >= 2 * steps * (6 * batch * units * 4 + sum(slices))
+
+
+def test_lstm_with_dropout_against_measurement():
+    """An LSTM with ``dropout`` and ``recurrent_dropout`` after an Embedding
+    (the accuracy set ``--unforeseen``: 100 steps, 128 units, batch 32,
+    Adam): its cell copies four slices of each kernel at every step and
+    multiplies input and state by four masks each, and the input's gradient
+    is wanted (the Embedding's), so all of them are kept. Measured
+    66.7-68.3 MiB in three processes, estimated 66.1; 20.6 with the cell's
+    count of seven state-sized tensors (up to 77.7 if the loop runs ahead
+    of its sums)."""
+    from benchmarks.zoo import lstmdrop
+
+    assert_loop_within_its_bound(lstmdrop(), 32, "adam")
