@@ -25,6 +25,7 @@ forked from one that has imported TensorFlow (``benchmarks.machine.processes``).
     python -m benchmarks.accuracy --unplanned     # estimated in the round after --untrodden
     python -m benchmarks.accuracy --unforeseen    # estimated in the round after --unplanned
     python -m benchmarks.accuracy --unexpected    # written after --unforeseen was measured
+    python -m benchmarks.accuracy --unanticipated # written after --unexpected was measured
     python -m benchmarks.accuracy --only resnet50 --remeasure
 
 Relative error = (estimate - measured) / measured, against the highest
@@ -154,13 +155,18 @@ UNEXPECTED_CONFIGS = [
     ("imgattn", 16, "adam"), ("dwmult", 32, "sgd-nesterov-ema"), ("rmsmlp", 512, "sgd-momentum"),
     ("sincnet", 16, "adam"), ("cosreg", 1024, "rmsprop"),
 ]
+UNANTICIPATED_CONFIGS = [
+    ("bf16mixer", 32, "adam"), ("stackedgru", 64, "adamax"), ("pointnet", 16, "sgd-momentum"),
+    ("hourglass", 16, "nadam"),
+]
 #: the sets beside the zoo, by their flag, in the order they were written
 SETS = {"held-out": HELD_OUT_CONFIGS, "unseen": UNSEEN_CONFIGS, "fresh": FRESH_CONFIGS,
         "novel": NOVEL_CONFIGS, "untried": UNTRIED_CONFIGS, "blind": BLIND_CONFIGS,
         "unmet": UNMET_CONFIGS, "unheard": UNHEARD_CONFIGS, "unvisited": UNVISITED_CONFIGS,
         "unknown": UNKNOWN_CONFIGS, "uncharted": UNCHARTED_CONFIGS,
         "untrodden": UNTRODDEN_CONFIGS, "unplanned": UNPLANNED_CONFIGS,
-        "unforeseen": UNFORESEEN_CONFIGS, "unexpected": UNEXPECTED_CONFIGS}
+        "unforeseen": UNFORESEEN_CONFIGS, "unexpected": UNEXPECTED_CONFIGS,
+        "unanticipated": UNANTICIPATED_CONFIGS}
 #: optimizers with options, by the name a configuration gives them
 OPTIMIZERS = {
     "adam-globalclip": {"class_name": "Adam", "config": {"global_clipnorm": 1.0}},
@@ -198,7 +204,7 @@ OWN_LOSS = ("gru", "unet", "autoencoder", "twotower", "skipnet", "timedistribute
             "subclassed", "vae", "generator", "siamese", "deeplab", "crnn", "selunet",
             "upconv1d", "denoiser", "unet3d", "ncf", "spectral", "tokenattn", "poissonnet",
             "maskednet", "maskedmean", "widedeep", "tiedlm", "multihead", "lstmdrop",
-            "birnnsum", "cropnet", "dwmult", "rmsmlp", "cosreg")
+            "birnnsum", "cropnet", "dwmult", "rmsmlp", "cosreg", "hourglass")
 
 
 def _key(model: str, batch: int, opt: str) -> str:

@@ -1347,6 +1347,79 @@ def cosreg() -> keras.Model:
     return model
 
 
+
+def bf16mixer() -> keras.Model:
+    """An MLP-Mixer on 8 x 8 patches of 64 x 64 x 3 images under the
+    ``mixed_bfloat16`` policy: two blocks mixing the 64 patches and then
+    the 128 channels (Dense layers with GELU, LayerNormalization, residual
+    adds), global average pooling, 10 classes in float32."""
+    policy = "mixed_bfloat16"
+    inputs = keras.Input((64, 64, 3))
+    x = layers.Conv2D(128, 8, strides=8, dtype=policy)(inputs)
+    x = layers.Reshape((64, 128), dtype=policy)(x)
+    for _ in range(2):
+        h = layers.LayerNormalization(dtype=policy)(x)
+        h = layers.Permute((2, 1), dtype=policy)(h)
+        h = layers.Dense(64, dtype=policy)(layers.Dense(128, activation="gelu", dtype=policy)(h))
+        x = layers.Add(dtype=policy)([x, layers.Permute((2, 1), dtype=policy)(h)])
+        h = layers.LayerNormalization(dtype=policy)(x)
+        h = layers.Dense(128, dtype=policy)(layers.Dense(256, activation="gelu", dtype=policy)(h))
+        x = layers.Add(dtype=policy)([x, h])
+    x = layers.GlobalAveragePooling1D(dtype=policy)(x)
+    return keras.Model(inputs, layers.Dense(10, dtype="float32")(x), name="bf16mixer")
+
+
+def stackedgru() -> keras.Model:
+    """Two stacked GRUs over 60 steps of 32 features, the second running
+    backwards (``go_backwards=True``), a Dense over its last state to 5
+    classes."""
+    inputs = keras.Input((60, 32))
+    x = layers.GRU(64, return_sequences=True)(inputs)
+    x = layers.GRU(64, go_backwards=True)(x)
+    return keras.Model(inputs, layers.Dense(5)(x), name="stackedgru")
+
+
+class _Transform(layers.Layer):
+    """Applies a predicted k x k transform to every point: ``x @ t``."""
+
+    def call(self, inputs):
+        x, t = inputs
+        return keras.ops.matmul(x, t)
+
+
+def pointnet() -> keras.Model:
+    """A PointNet-style classifier over 1024 points of 3 coordinates: a small
+    network predicts a 3 x 3 transform applied to every point, then a
+    shared MLP (Conv1D with kernel 1: 64, 128, 256 channels with
+    BatchNormalization), global max pooling, 8 classes."""
+    points = keras.Input((1024, 3))
+    t = layers.Conv1D(64, 1, activation="relu")(points)
+    t = layers.GlobalMaxPooling1D()(t)
+    t = layers.Reshape((3, 3))(layers.Dense(9)(t))
+    x = _Transform()([points, t])
+    for width in (64, 128, 256):
+        x = layers.Activation("relu")(layers.BatchNormalization()(layers.Conv1D(width, 1)(x)))
+    return keras.Model(points, layers.Dense(8)(layers.GlobalMaxPooling1D()(x)), name="pointnet")
+
+
+def hourglass() -> keras.Model:
+    """An encoder-decoder on 64 x 64 x 3 images with dilated convolutions,
+    average pooling, nearest upsampling, a skip joined by Concatenate and a
+    sigmoid gate (``Multiply``), and one output map compiled with binary
+    cross-entropy."""
+    inputs = keras.Input((64, 64, 3))
+    skip = layers.Conv2D(32, 3, padding="same", dilation_rate=2, activation="relu")(inputs)
+    x = layers.AveragePooling2D(2)(skip)
+    x = layers.Conv2D(64, 3, padding="same", dilation_rate=2, activation="relu")(x)
+    x = layers.UpSampling2D()(x)
+    gate = layers.Conv2D(32, 1, activation="sigmoid")(x)
+    x = layers.Concatenate()([layers.Multiply()([skip, gate]), x])
+    x = layers.Conv2D(32, 3, padding="same", activation="relu")(x)
+    model = keras.Model(inputs, layers.Conv2D(1, 1, activation="sigmoid")(x), name="hourglass")
+    model.compile(loss="binary_crossentropy")
+    return model
+
+
 ZOO = {f.__name__: f for f in (mlp, cnn, resnet50, mobilenetv2, vgg16, densenet121, lstm,
                                transformer)}
 HELD_OUT = {f.__name__: f for f in (unet, gru, vit, separable)}
@@ -1370,6 +1443,7 @@ UNTRODDEN = {f.__name__: f for f in (channelsfirst, widedeep, mhadropout, sepspa
 UNPLANNED = {f.__name__: f for f in (tiedlm, multihead, grudrop, efficientnetb2)}
 UNFORESEEN = {f.__name__: f for f in (lstmdrop, birnnsum, cropnet, ropeattn, topkpool)}
 UNEXPECTED = {f.__name__: f for f in (imgattn, dwmult, rmsmlp, sincnet, cosreg)}
+UNANTICIPATED = {f.__name__: f for f in (bf16mixer, stackedgru, pointnet, hourglass)}
 
 
 # --- large models, estimated without building their weights ------------------

@@ -491,7 +491,8 @@ _NOT_KEPT_BY_LOOP = {"ReadVariableOp", "TensorListGetItem", "Const"}
 def _slice_is_view(op: Any) -> bool:
     """Whether a ``StridedSlice`` or ``Split`` output shares its input's
     buffer: TensorFlow's kernels slice without copying only along the first
-    dimension (every later dimension whole)."""
+    dimension (every later dimension whole; they also need the slice's start
+    aligned, which is not checked here)."""
     try:
         src, out = op.inputs[0].shape, op.outputs[0].shape
         if op.type == "Split":
