@@ -699,7 +699,7 @@ def _trace(call: CallRecord, xla_buffers: bool = True) -> list[Prim]:
     # (captured tensors come after them)
     args = [t for t in graph.inputs if t.dtype.name != "resource"]
     upstream = args[n_in + len(weight_specs):n_in + len(weight_specs) + len(grad_specs)]
-    forward, backward, hoisted = _hoist(graph, ops[:split], _run(graph, ops[split:]), upstream)
+    forward, backward, hoisted = _hoist(graph, ops[:split], ran, upstream)
     return _to_prims(call, graph, forward, backward, out_names, xla_buffers, upstream,
                      hoisted=hoisted)
 

@@ -182,10 +182,13 @@ def _loop(call: CallRecord, steps: int, features: int, units: int, gates: int,
         backlog_parts=_backlog_parts(call, steps),
     )
     # each timestep pushes its own small tensors, only read by the gradient
+    # (some only by the input's)
+    always = tuple(ref for ref, (_, _, extra) in zip(state, states) if not extra)
+    for_input = tuple(ref for ref, (_, _, extra) in zip(state, states) if extra)
     b.prims[-1] = Prim(**{
         **b.prims[-1].__dict__,
-        "save": (xs, *(ref for ref, (*_, extra) in zip(state, states) if not extra)),
-        "save_for": ((xs, tuple(ref for ref, (*_, extra) in zip(state, states) if extra)),),
+        "save": (xs, *always),
+        "save_for": ((xs, for_input),),
         "output_pieces": tuple((ref, steps * count) for ref, (_, count, _) in zip(state, states)),
     })
     outs = []
