@@ -43,7 +43,17 @@ place:
   gradient 1.33 times as slow as the input gradient, not 1.77;
 * ``update-busy``: with ``read-together``, an optimizer update made during
   the backward pass holds the second thread for its simulated seconds too
-  (``keras_memscope.schedule.UPDATES_HOLD_THE_THREAD``).
+  (``keras_memscope.schedule.UPDATES_HOLD_THE_THREAD``);
+* ``weight-gradient-first``: a convolution's or matrix product's weight
+  gradient that comes while the second thread is busy starts at once, and
+  its input gradient waits for a thread
+  (``keras_memscope.schedule.WEIGHT_GRADIENT_FIRST``);
+* ``timed-copies``: an update writes its weight into a copy only where the
+  simulated times have an input gradient still reading the weight then
+  (``keras_memscope.schedule.TIMED_COPIES``), not every time;
+* ``six-steps``: the CPU's simulated orders each run six steps after the
+  warm-up, the highest kept (``DeviceProfile.simulated_steps``), as
+  ``benchmarks/accuracy.py`` measures six.
 """
 
 from __future__ import annotations
@@ -57,7 +67,10 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 VARIANTS = ("first-chunk", "matmul-shapes", "onednn-speeds", "ratio", "add-pass-through",
-            "read-together", "update-busy", "onednn-conv-ratios")
+            "read-together", "update-busy", "onednn-conv-ratios", "weight-gradient-first",
+            "timed-copies", "six-steps")
+#: the kernels ``weight-gradient-first`` starts first
+FIRST_KERNELS = frozenset({"conv", "conv_transpose", "matmul"})
 
 G = 1e9
 #: medians of three calibrations (``memscope.calibrate("cpu")``) of a 2-core
@@ -83,7 +96,9 @@ ONEDNN_SPEEDS: dict[str, Any] = {
 @contextlib.contextmanager
 def variants(names: Sequence[str], ratio_sigma: float = 0.22) -> Iterator[None]:
     """The step's model with the named variants in place, restored after."""
-    from keras_memscope import allocator, estimator, schedule, timing
+    import dataclasses
+
+    from keras_memscope import allocator, devices, estimator, schedule, timing
 
     unknown = sorted(set(names) - set(VARIANTS))
     if unknown:
@@ -94,6 +109,15 @@ def variants(names: Sequence[str], ratio_sigma: float = 0.22) -> Iterator[None]:
     saved_pass = schedule.PASS_THROUGH_GRADIENTS
     saved_side = schedule.SIDE_BY_SIDE_GRADIENTS
     saved_busy = schedule.UPDATES_HOLD_THE_THREAD
+    saved_first = schedule.WEIGHT_GRADIENT_FIRST
+    saved_copies = schedule.TIMED_COPIES
+    saved_cpu = devices._cpu_profile
+    if "weight-gradient-first" in names:
+        schedule.WEIGHT_GRADIENT_FIRST = FIRST_KERNELS
+    if "timed-copies" in names:
+        schedule.TIMED_COPIES = True
+    if "six-steps" in names:
+        devices._cpu_profile = lambda: dataclasses.replace(saved_cpu(), simulated_steps=6)
     if "update-busy" in names:
         schedule.UPDATES_HOLD_THE_THREAD = True
     if "read-together" in names:
@@ -140,6 +164,9 @@ def variants(names: Sequence[str], ratio_sigma: float = 0.22) -> Iterator[None]:
         schedule.PASS_THROUGH_GRADIENTS = saved_pass
         schedule.UPDATES_HOLD_THE_THREAD = saved_busy
         schedule.SIDE_BY_SIDE_GRADIENTS = saved_side
+        schedule.WEIGHT_GRADIENT_FIRST = saved_first
+        schedule.TIMED_COPIES = saved_copies
+        devices._cpu_profile = saved_cpu
 
 
 def main(argv: list[str] | None = None) -> int:

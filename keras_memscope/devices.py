@@ -186,6 +186,17 @@ class DeviceProfile:
             profiled processes), and reports the highest peak
             (``MemoryEstimate.history_peaks`` holds them all). 0: the nominal
             order only.
+        simulated_steps: how many steps each simulated order runs after its
+            warm-up step; the order's peak is their highest (1: the first
+            step after the warm-up). Later steps differ where updates move
+            weights within the allocator's regions (``schedule.simulate``):
+            ResNet-50 b16 Adam on a 2-core CPU peaked at 1763-1768 MiB in
+            its first measured step and up to 1871 MiB in the next seven
+            (three processes); the simulated orders peak at 1771-1878 MiB
+            in one step and 1917-1992 in six, where every update whose
+            weight an input gradient reads writes a copy (benchmarks/
+            RESULTS.md, "Weight copies, the weight gradient first and six
+            simulated steps").
         fresh_pages_above, first_touch_bytes_s: allocations larger than
             ``fresh_pages_above`` bytes get new pages from the operating system
             at every step, and the kernel writing them pays for first touching
@@ -227,6 +238,7 @@ class DeviceProfile:
     weight_grad_lag: int = 0
     op_time_sigma: float = 0.0
     order_histories: int = 0
+    simulated_steps: int = 1
     upcast_dtypes: tuple[str, ...] = ()
     accumulate_dtypes: tuple[str, ...] = ()
     fresh_pages_above: int | None = None
@@ -426,7 +438,7 @@ def profile_from_dict(data: Mapping[str, Any]) -> DeviceProfile:
     values.setdefault("overhead_bytes", base.overhead_bytes)
     for key in ("upcast_dtypes", "accumulate_dtypes"):
         values[key] = tuple(values.get(key, getattr(base, key)))
-    for key in ("weight_grad_lag", "op_time_sigma", "order_histories"):
+    for key in ("weight_grad_lag", "op_time_sigma", "order_histories", "simulated_steps"):
         values.setdefault(key, getattr(base, key))
     if "compute_capability" in values and values["compute_capability"] is not None:
         values["compute_capability"] = tuple(values["compute_capability"])

@@ -557,6 +557,7 @@ def estimate(
         remat=regions,
         allocator=profile.allocator,
         update_time=functools.partial(_update_seconds, state, timing.ordering_profile(profile)),
+        steps=profile.simulated_steps if profile.weight_grad_lag > 0 else 1,
     )
     nominal = step(ops)
     result, history_peaks = nominal, ()

@@ -110,7 +110,9 @@ class StepResult:
     holders: tuple[Holder, ...]
     costs: tuple[PrimCost, ...] = ()
     allocated_bytes: int = 0  # every allocation of the measured step, summed
-    copied_weights: frozenset[int] = frozenset()  # keys of weights copied before their update
+    #: keys of the weights whose updates write into copies (with
+    #: ``TIMED_COPIES``, those of the highest step)
+    copied_weights: frozenset[int] = frozenset()
     #: the zeros constants gradient accumulators are reset to (in ``baseline_bytes``)
     accumulator_zeros_bytes: int = 0
     #: of ``baseline_bytes``, what is not held at the peak (accumulators reset
@@ -265,6 +267,29 @@ SIDE_BY_SIDE_GRADIENTS = False
 #: update-busy``) and not adopted: benchmarks/RESULTS.md, "A product's two
 #: gradients side by side (tried, not adopted)".
 UPDATES_HOLD_THE_THREAD = False
+#: The kernels whose weight gradient starts at once when the CPU's second
+#: thread is busy, its input gradient waiting for the first thread to come
+#: free. Such a kernel's weight gradient is an op of its own, made after the
+#: input gradient's by TensorFlow's gradient function (``_Conv2DGrad``,
+#: ``_MatMulGrad``), both reading the output gradient, and the executor runs
+#: the last of the ops an op makes ready on its own thread and queues the
+#: others. Profiled (``benchmarks.op_timeline``): ResNet-50's
+#: ``conv5_block1_2_conv`` filter gradient started 2.3 ms before its input
+#: gradient, on the thread that ran the BatchNormalization gradient before
+#: it, and the Adam update of its kernel wrote a copy before the input
+#: gradient ended; a transposed convolution's filter gradient started on the
+#: thread that ran ``MaxPoolGrad``, its input gradient on the other after
+#: ``BiasAddGrad``. Empty: the input gradient goes first and the weight
+#: gradient waits for the second thread. Tried with ``{"conv",
+#: "conv_transpose", "matmul"}`` (``benchmarks.ordering_variants --variants
+#: weight-gradient-first``) and not adopted: benchmarks/RESULTS.md, "Weight
+#: copies, the weight gradient first and six simulated steps".
+WEIGHT_GRADIENT_FIRST: frozenset[str] = frozenset()
+#: Whether the simulated times decide which updates write their weight into
+#: a copy (those whose gradient and update end before the last input
+#: gradient reading the weight). False: every such update copies. Tried
+#: (``--variants timed-copies``) and not adopted, as above.
+TIMED_COPIES = False
 
 
 def _addition_trees(flats: Sequence[_Flat], made: dict[int, int]) -> dict[int, set[int]]:
@@ -449,8 +474,10 @@ def simulate(
     early_update: int = 0,
     final_update_workspace: Callable[[int], int] | None = None,
     update_time: Callable[[int], float] | None = None,
+    steps: int = 1,
 ) -> StepResult:
-    """Simulate a warm-up step and a measured step; see the module docstring.
+    """Simulate a warm-up step and ``steps`` measured ones, of which the
+    highest is kept; see the module docstring.
 
     ``persistent`` lists ``(kind, bytes)``, ``(kind, bytes, weight_key)`` or
     ``(kind, bytes, weight_key, temporaries)`` allocations held across steps,
@@ -507,8 +534,21 @@ def simulate(
     gradient runs while three smaller layers' input gradients are
     computed). The two running ops share the cores: each goes at half its
     speed alone while the other runs, and at full speed alone (a 1024-wide
-    MLP's kernel gradient beside the next input gradient). Without it, each
-    job ends ``weight_grad_lag`` gradient ops later.
+    MLP's kernel gradient beside the next input gradient). A convolution's or
+    matrix product's weight gradient that comes while the second stream is
+    busy starts at once and its input gradient waits for the first of the
+    two to end where :data:`WEIGHT_GRADIENT_FIRST` names its kernel (by
+    default none). Without ``backward_time``, each job ends
+    ``weight_grad_lag`` gradient ops later.
+
+    A weight's update writes into a copy of it when an input gradient still
+    reads its value (``dx = g @ W^T``): the copy becomes the variable's
+    storage, in the regions the step's tensors use. Every such update
+    copies; with :data:`TIMED_COPIES` and ``backward_time`` the simulated
+    times decide, as TensorFlow's race does: a copy where the weight's
+    gradient and then its update (``update_time``) end before the last
+    input gradient reading it. The copies move weights from step to step,
+    and with them the chunks later steps get (``steps``).
     ``forward_time`` gives a prim's forward seconds: a recomputed prim takes
     that long on the first stream, while weight-gradient jobs may end.
 
@@ -604,9 +644,11 @@ def simulate(
     # A weight whose value an input gradient still reads when its update runs
     # (dx = g @ W^T beside the update of W) is copied before it is written.
     # Whether the input gradient is still pending then is a race between
-    # TensorFlow's executor threads (the trace shows it both ways); the copy
-    # is assumed, the larger peak.
+    # TensorFlow's executor threads (the trace shows it both ways): the copy
+    # is assumed, the larger peak (with TIMED_COPIES and times, each
+    # simulated order settles it: ``copied``).
     copy_on_write: set[int] = set()
+    copied: set[int] = set()  # of those, the ones the step being simulated copies
     decayed = [key for key in dict.fromkeys(decayed) if weight_trainable.get(key)]
     tensors_of: dict[int, list[int]] = defaultdict(list)
     for t, key in weight_of.items():
@@ -984,6 +1026,25 @@ def simulate(
         # when the updates started during the backward pass leave the
         # second thread (UPDATES_HOLD_THE_THREAD), and the time now
         update_busy = [0.0, 0.0]
+        # for the copies: how many input gradients reading each weight are
+        # still to run, when the last of them ended, and when each weight's
+        # gradient was written
+        read_pending: dict[int, int] = defaultdict(int)
+        for f in flats:
+            if f.needs_backward:
+                for t in dict.fromkeys(f.weight_reads):
+                    read_pending[weight_of[t]] += 1
+        read_until: dict[int, float] = {}
+        grad_done: dict[int, float] = {}
+
+        def still_read(key: int) -> bool:
+            """Whether an input gradient still reads the weight when its
+            update writes it (after the update's own ops)."""
+            if not times or not TIMED_COPIES:
+                return True
+            written = grad_done.get(key, update_busy[1]) + (
+                update_time(weight_bytes[key]) if update_time is not None else 0.0)
+            return read_pending[key] > 0 or read_until.get(key, INF) > written
 
         def run_update(key: int, bid: int, final: bool = False, beside: bool = False) -> None:
             if UPDATES_HOLD_THE_THREAD and update_time is not None and times:
@@ -1046,7 +1107,8 @@ def simulate(
                     sharers[share_key] -= 1
                     sim.alloc(nbytes, "optimizer state", PERSISTENT)
             copy = None
-            if key in copy_on_write:
+            if key in copy_on_write and still_read(key):
+                copied.add(key)
                 # the variable is written into a copy, which becomes its storage
                 copy = sim.alloc(weight_bytes[key], weight_layer[key], UPDATE)
             sim.check("update")
@@ -1084,6 +1146,7 @@ def simulate(
                                 drop_grad(extra)
                         parts = [into]
                     if t in weight_of:
+                        grad_done[weight_of[t]] = update_busy[1]
                         queue.append((weight_of[t], parts[0]))
                         while len(queue) > update_lag:
                             run_update(*queue.popleft())
@@ -1241,6 +1304,21 @@ def simulate(
             out_grads = [grad_of.pop(t) for t in f.outs if t in grad_of]
             xts = [t for t in f.input_grads if t not in weight_side]
             wts = [t for t in f.input_grads if t in weight_side]
+            t_in, t_w = times[i_flat] if times else (0.0, 0.0)
+            first_job = None
+            if (times and wts and xts and costs[i_flat].kernel in WEIGHT_GRADIENT_FIRST
+                    and any(j.left > 0 for j in jobs)):
+                # the second thread is busy: the weight gradient starts now,
+                # beside the job running there, and the input gradient waits
+                # for the first of them to end
+                first_job = _Job(f, wts, out_grads, clock, INF, left=t_w)
+                start_job(first_job)
+                sim.check("backward")
+                running = next(k for k, j in enumerate(jobs) if j.left > 0)
+                jobs.insert(running + 1, first_job)
+                clock = share(0.0, keep_waiting=sum(j.left > 0 for j in jobs) - 1)
+                update_busy[1] = clock
+                loop_on_second = bool(p.backlog_parts)
             # (gradient ops that read the output gradient together run side
             # by side while the second thread is free: neither writes into it)
             side_by_side = (SIDE_BY_SIDE_GRADIENTS and p.grad_read_together
@@ -1273,10 +1351,9 @@ def simulate(
                 else:
                     bid = sim.alloc(tensor_bytes[t], op.name, GRADIENT)
                 partial[t].append(bid)
-            t_in, t_w = times[i_flat] if times else (0.0, 0.0)
-            job = _Job(f, wts, out_grads, clock, clock)
+            job = first_job or _Job(f, wts, out_grads, clock, clock)
             waits_for_thread = False
-            if times and wts:
+            if times and wts and first_job is None:
                 # the job takes a thread when the jobs before it are done
                 # (see ``share``)
                 job.left, job.end = t_w, INF
@@ -1289,7 +1366,7 @@ def simulate(
                 # no separate op holds the second thread after it.
                 waits_for_thread = not xts and not loop_on_second
                 loop_on_second = bool(p.backlog_parts)
-            starts_now = not times or job.start <= clock
+            starts_now = first_job is None and (not times or job.start <= clock)
             if starts_now:
                 start_job(job, with_workspace=False)
             sim.check("backward")
@@ -1314,12 +1391,15 @@ def simulate(
                 # nothing left to compute: the output gradient and what the
                 # gradient read go as soon as the input gradients are written
                 end_job(job)
-            else:
+            elif first_job is None:
                 jobs.append(job)
             if xts and times:
                 clock = share(t_in)
             elif waits_for_thread:
                 clock = share(0.0, keep_waiting=1)
+            for t in dict.fromkeys(f.weight_reads):
+                read_pending[weight_of[t]] -= 1
+                read_until[weight_of[t]] = max(read_until.get(weight_of[t], 0.0), clock)
             if not times:
                 while len(jobs) > weight_grad_lag:
                     end_job(jobs.popleft())
@@ -1366,7 +1446,7 @@ def simulate(
 
     # warm-up: the allocator grows its regions (with accumulation it is the
     # first accumulating step); then the steps measured, the highest kept
-    updates = [True]
+    updates = [True] * max(1, steps)
     if accumulating:
         updates = [False, True, False, True] if accumulation_steps > 2 else [True, False, True]
     run_step(not accumulating)
@@ -1377,13 +1457,14 @@ def simulate(
     for updating in updates:
         sim.peak, sim.timeline, sim.allocated = 0, [], 0
         held = sim.live if held is None else min(held, sim.live)
+        copied.clear()
         run_step(updating)
         if best is None or sim.peak > best[0]:
             best = (sim.peak, sim.peak_phase, sim.peak_snapshot, sim.timeline, sim.allocated,
-                    dict(layer_saved), dict(layer_workspace), saved_total)
+                    dict(layer_saved), dict(layer_workspace), saved_total, frozenset(copied))
     assert best is not None
     peak, peak_phase, snap, timeline, allocated, saved_by_layer, workspace_by_layer, \
-        saved_total = best
+        saved_total, copied_at_peak = best
     by_kind: dict[str, int] = defaultdict(int)
     for (_, kind), nbytes in snap.items():
         by_kind[kind] += nbytes
@@ -1412,7 +1493,8 @@ def simulate(
         allocated_bytes=allocated,
         accumulator_zeros_bytes=zeros_bytes,
         constants_bytes=constants_bytes,
-        copied_weights=frozenset(copy_on_write),
+        copied_weights=(copied_at_peak if TIMED_COPIES and times
+                        else frozenset(copy_on_write)),
         held_bytes=held or 0,
     )
 

@@ -1,5 +1,6 @@
 """The graph method: prims read off TensorFlow's graph of each layer call."""
 
+import dataclasses
 import logging
 import warnings
 
@@ -646,6 +647,76 @@ def test_two_running_gradient_ops_share_the_cores():
     assert second.end == pytest.approx(5.0)
     # no work and nothing to wait for: the time does not move
     assert _share(jobs, 5.0, 0.0) == 5.0
+
+
+def _copied_kernels(monkeypatch, seconds: dict[int, tuple[float, float]],
+                    first: bool = True, timed: bool = True) -> set[str]:
+    """The Dense kernels whose SGD update writes into a copy in the nominal
+    order of a simulated CPU step of a 256 -> 512 -> 1024 -> 8 MLP (batch
+    64), with each matrix product's input and weight gradients taking the
+    seconds given by its weight-gradient FLOPs and every other prim none;
+    the simulated times decide the copies (``schedule.TIMED_COPIES``), and
+    with ``first`` a matrix product's weight gradient starts first while the
+    second thread is busy (``schedule.WEIGHT_GRADIENT_FIRST``). Both were
+    tried and not adopted (benchmarks/RESULTS.md)."""
+    from keras_memscope import devices, estimator, schedule, timing
+
+    results = []
+    real_simulate = estimator.simulate
+
+    def recorded(*args, **kwargs):
+        results.append(real_simulate(*args, **kwargs))
+        return results[-1]
+
+    monkeypatch.setattr(estimator, "simulate", recorded)
+    monkeypatch.setattr(timing, "backward_seconds",
+                        lambda c, *rest: seconds.get(c.backward_weight_flops, (0.0, 0.0))
+                        if c.kernel == "matmul" else (0.0, 0.0))
+    monkeypatch.setattr(schedule, "TIMED_COPIES", timed)
+    if first:
+        monkeypatch.setattr(schedule, "WEIGHT_GRADIENT_FIRST", frozenset({"matmul"}))
+    cpu = dataclasses.replace(devices.get_device("cpu"), order_histories=0, simulated_steps=1)
+    model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(512, name="a"),
+                              keras.layers.Dense(1024, name="b"),
+                              keras.layers.Dense(8, name="c")])
+    memscope.estimate(model, 64, optimizer="sgd", device=cpu, method="graph")
+    kernels = {id(model.get_layer(name).kernel): name for name in "abc"}
+    return {kernels.get(key, "another weight") for key in results[0].copied_weights}
+
+
+def test_an_update_copies_its_weight_while_an_input_gradient_reads_it(monkeypatch):
+    """TensorFlow writes a variable's update into a copy when an input
+    gradient (``dx = g @ W^T``) still holds a read of it, a race between
+    the executor's threads (ResNet-50 b16 Adam: 25-28 of the 107 weights its
+    input gradients read, in each profiled step). The simulated times decide
+    it: ``b``'s kernel is copied when its weight gradient and update end
+    long before its input gradient, and not the other way round; ``a``'s
+    is read by no input gradient. By default every update whose weight an
+    input gradient reads copies it, the larger peak."""
+    flops = {name: 2 * 64 * n * m for name, n, m in (("a", 256, 512), ("b", 512, 1024),
+                                                      ("c", 1024, 8))}
+    slow_input = {flops["b"]: (0.05, 1e-6), flops["c"]: (1e-6, 1e-6)}
+    assert _copied_kernels(monkeypatch, slow_input) == {"b"}
+    monkeypatch.undo()
+    slow_weight = {flops["b"]: (1e-6, 0.05), flops["c"]: (1e-6, 1e-6)}
+    assert _copied_kernels(monkeypatch, slow_weight) == set()
+    monkeypatch.undo()
+    assert {"b", "c"} <= _copied_kernels(monkeypatch, slow_weight, timed=False)
+
+
+def test_a_weight_gradient_starts_first_when_the_second_thread_is_busy(monkeypatch):
+    """``c``'s weight gradient still runs on the second thread when ``b``'s
+    gradients become ready: TensorFlow's executor runs ``b``'s weight
+    gradient at once on the thread that made it ready and queues the input
+    gradient, so ``b``'s quick update writes before its input gradient has
+    read the kernel, and copies it. Were the input gradient first, ``b``'s
+    weight gradient would wait for ``c``'s and end after it."""
+    flops = {name: 2 * 64 * n * m for name, n, m in (("a", 256, 512), ("b", 512, 1024),
+                                                      ("c", 1024, 8))}
+    busy = {flops["c"]: (1e-6, 0.05), flops["b"]: (0.01, 1e-6)}
+    assert _copied_kernels(monkeypatch, busy) == {"b"}
+    monkeypatch.undo()
+    assert _copied_kernels(monkeypatch, busy, first=False) == set()
 
 
 def test_a_view_of_the_batch_is_the_batch():
