@@ -181,6 +181,32 @@ def test_ordering_variants_change_the_model_and_put_it_back():
     with variants(["read-together", "update-busy"]):
         assert schedule.SIDE_BY_SIDE_GRADIENTS and schedule.UPDATES_HOLD_THE_THREAD
     assert not schedule.SIDE_BY_SIDE_GRADIENTS and not schedule.UPDATES_HOLD_THE_THREAD
+    from keras_memscope import devices
+
+    assert devices.get_device("cpu").simulated_steps == 1
+    with variants(["weight-gradient-first", "timed-copies", "six-steps"]):
+        assert schedule.WEIGHT_GRADIENT_FIRST == {"conv", "conv_transpose", "matmul"}
+        assert schedule.TIMED_COPIES
+        assert devices.get_device("cpu").simulated_steps == 6
+    assert not schedule.WEIGHT_GRADIENT_FIRST and not schedule.TIMED_COPIES
+    assert devices.get_device("cpu").simulated_steps == 1
+
+
+def test_weight_copies_counts_each_steps_copies(monkeypatch):
+    """A real run's variable copies, step by step between the marks made
+    before each step; the warm-up's (before the first mark) are left out."""
+    from benchmarks import allocator_replay, weight_copies
+
+    mark = weight_copies.MARK_BYTES
+    events = [[True, 4096, "adam/AssignAddVariableOp_3"],  # the warm-up's
+              [True, mark, ""], [True, 4096, "adam/AssignSubVariableOp_7"],
+              [False, 4096, "adam/AssignSubVariableOp_7"], [True, 512, "dense/MatMul"],
+              [True, mark, "Fill"], [True, 1024, "adam/AssignSubVariableOp"],
+              [True, 2048, "adam/AssignAddVariableOp_12"]]
+    monkeypatch.setattr(allocator_replay, "record", lambda code, args: events)
+    assert weight_copies.real_copies("mlp", 8, "adam", 2) == [[4096], [1024, 2048]]
+    with pytest.raises(RuntimeError, match="found 2 step marks"):
+        weight_copies.real_copies("mlp", 8, "adam", 3)
 
 
 def test_op_timeline_prints_the_chosen_ops_of_each_step(capsys):
