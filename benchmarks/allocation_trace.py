@@ -28,6 +28,9 @@ import argparse
 import sys
 
 MIB = 2**20
+#: the bytes of the tensor ``real_events(..., mark_steps=True)`` makes before
+#: each measured step (``tf.fill([1999], 7)``, int32)
+STEP_MARK_BYTES = 7996
 
 PROFILED_RUN = r"""
 import glob, json, sys, tempfile
@@ -40,7 +43,12 @@ optimizer = OPTIMIZERS.get(optimizer, optimizer)
 logdir = tempfile.mkdtemp()
 tf.profiler.experimental.start(logdir)
 model = named(name)
-run_steps(model, batch, optimizer=optimizer, loss=None, steps=steps, device="cpu")
+marks = []
+def marked(step):  # a tensor of STEP_MARK_BYTES before each measured step
+    marks.append(tf.fill([1999], 7))
+    return step()
+run_steps(model, batch, optimizer=optimizer, loss=None, steps=steps, device="cpu",
+          around_step=marked if sys.argv[5:] == ["mark"] else None)
 tf.profiler.experimental.stop()
 path = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)[0]
 events = [[kind == "MemoryAllocation", s.get("addr"), s.get("requested_bytes") or 0,
@@ -51,13 +59,16 @@ print(json.dumps(events))
 """
 
 
-def real_events(model: str, batch: int, optimizer: str, steps: int) -> list[tuple]:
+def real_events(model: str, batch: int, optimizer: str, steps: int,
+                mark_steps: bool = False) -> list[tuple]:
     """``(allocated?, address, requested, chunk, op)`` of every event of the
     CPU allocator in a fresh process (a free carries its allocation's
-    sizes and op)."""
+    sizes and op); with ``mark_steps`` a tensor of :data:`STEP_MARK_BYTES`
+    is made before each measured step."""
     from benchmarks.allocator_replay import record
 
-    raw = record(PROFILED_RUN, [model, str(batch), optimizer, str(steps)])
+    raw = record(PROFILED_RUN, [model, str(batch), optimizer, str(steps),
+                                *(["mark"] if mark_steps else [])])
     live: dict[int, tuple[int, int, str]] = {}
     out = []
     for allocated, addr, requested, chunk, op in raw:

@@ -22,9 +22,12 @@ nominal order and the others; the estimate is the highest peak).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -91,28 +94,36 @@ def measured(spec: dict, processes: int) -> list[list[dict[str, int]]]:
     return out
 
 
+@contextlib.contextmanager
+def simulations() -> Iterator[list[Any]]:
+    """Every ``schedule.StepResult`` the estimator simulates while inside,
+    in order (the nominal order first)."""
+    from keras_memscope import estimator
+
+    results: list[Any] = []
+    simulate = estimator.simulate
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        results.append(simulate(*args, **kwargs))
+        return results[-1]
+
+    estimator.simulate = recording
+    try:
+        yield results
+    finally:
+        estimator.simulate = simulate
+
+
 def estimated(spec: dict) -> list[dict[str, int]]:
     """The figures of every simulated order, the nominal first."""
     import keras_memscope as memscope
-    from keras_memscope import estimator
 
     from .remedies import build
 
-    results = []
-    simulate = estimator.simulate
-
-    def recording(*args, **kwargs):
-        result = simulate(*args, **kwargs)
-        results.append(result)
-        return result
-
     model = build(spec["model"], policy=spec["policy"], remat=spec["remat"])
-    estimator.simulate = recording
-    try:
+    with simulations() as results:
         est = memscope.estimate(model, batch_size=spec["batch"], optimizer=spec["optimizer"],
                                 device="cpu", method="graph")
-    finally:
-        estimator.simulate = simulate
     orders = max(1, len(est.history_peaks))  # a recurrent worst case may follow them
     return [simulated(r) for r in results[:orders]]
 

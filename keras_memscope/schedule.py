@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
@@ -649,6 +649,7 @@ def simulate(
     # simulated order settles it: ``copied``).
     copy_on_write: set[int] = set()
     copied: set[int] = set()  # of those, the ones the step being simulated copies
+    weight_readers: Counter[int] = Counter()  # the input gradients reading each weight
     decayed = [key for key in dict.fromkeys(decayed) if weight_trainable.get(key)]
     tensors_of: dict[int, list[int]] = defaultdict(list)
     for t, key in weight_of.items():
@@ -665,6 +666,7 @@ def simulate(
                 f.weight_reads = tuple(dict.fromkeys(
                     t for t in f.ins if t in weight_of and weight_trainable[weight_of[t]]))
                 copy_on_write.update(weight_of[t] for t in f.weight_reads)
+                weight_readers.update(weight_of[t] for t in f.weight_reads)
             for t in wants:
                 grad_pending0[t] += 1
     copy_on_write.difference_update(decayed)  # already a copy of its own
@@ -1029,11 +1031,7 @@ def simulate(
         # for the copies: how many input gradients reading each weight are
         # still to run, when the last of them ended, and when each weight's
         # gradient was written
-        read_pending: dict[int, int] = defaultdict(int)
-        for f in flats:
-            if f.needs_backward:
-                for t in dict.fromkeys(f.weight_reads):
-                    read_pending[weight_of[t]] += 1
+        read_pending = Counter(weight_readers)
         read_until: dict[int, float] = {}
         grad_done: dict[int, float] = {}
 
@@ -1397,7 +1395,7 @@ def simulate(
                 clock = share(t_in)
             elif waits_for_thread:
                 clock = share(0.0, keep_waiting=1)
-            for t in dict.fromkeys(f.weight_reads):
+            for t in f.weight_reads:
                 read_pending[weight_of[t]] -= 1
                 read_until[weight_of[t]] = max(read_until.get(weight_of[t], 0.0), clock)
             if not times:

@@ -195,16 +195,24 @@ def test_ordering_variants_change_the_model_and_put_it_back():
 def test_weight_copies_counts_each_steps_copies(monkeypatch):
     """A real run's variable copies, step by step between the marks made
     before each step; the warm-up's (before the first mark) are left out."""
-    from benchmarks import allocator_replay, weight_copies
+    from benchmarks import allocation_trace, weight_copies
 
-    mark = weight_copies.MARK_BYTES
-    events = [[True, 4096, "adam/AssignAddVariableOp_3"],  # the warm-up's
-              [True, mark, ""], [True, 4096, "adam/AssignSubVariableOp_7"],
-              [False, 4096, "adam/AssignSubVariableOp_7"], [True, 512, "dense/MatMul"],
-              [True, mark, "Fill"], [True, 1024, "adam/AssignSubVariableOp"],
-              [True, 2048, "adam/AssignAddVariableOp_12"]]
-    monkeypatch.setattr(allocator_replay, "record", lambda code, args: events)
+    mark = allocation_trace.STEP_MARK_BYTES
+    events = [(True, 1, 4096, 4096, "adam/AssignAddVariableOp_3"),  # the warm-up's
+              (True, 2, mark, mark, ""), (True, 3, 4096, 4096, "adam/AssignSubVariableOp_7"),
+              (False, 3, 4096, 4096, "adam/AssignSubVariableOp_7"),
+              (True, 4, 512, 512, "dense/MatMul"), (True, 5, mark, mark, "Fill"),
+              (True, 6, 1024, 1024, "adam/AssignSubVariableOp"),
+              (True, 7, 2048, 2048, "adam/AssignAddVariableOp_12")]
+    marked = []
+
+    def real_events(model, batch, optimizer, steps, mark_steps=False):
+        marked.append(mark_steps)
+        return events
+
+    monkeypatch.setattr(allocation_trace, "real_events", real_events)
     assert weight_copies.real_copies("mlp", 8, "adam", 2) == [[4096], [1024, 2048]]
+    assert marked == [True]
     with pytest.raises(RuntimeError, match="found 2 step marks"):
         weight_copies.real_copies("mlp", 8, "adam", 3)
 

@@ -659,16 +659,9 @@ def _copied_kernels(monkeypatch, seconds: dict[int, tuple[float, float]],
     with ``first`` a matrix product's weight gradient starts first while the
     second thread is busy (``schedule.WEIGHT_GRADIENT_FIRST``). Both were
     tried and not adopted (benchmarks/RESULTS.md)."""
-    from keras_memscope import devices, estimator, schedule, timing
+    from benchmarks.step_phases import simulations
+    from keras_memscope import devices, schedule, timing
 
-    results = []
-    real_simulate = estimator.simulate
-
-    def recorded(*args, **kwargs):
-        results.append(real_simulate(*args, **kwargs))
-        return results[-1]
-
-    monkeypatch.setattr(estimator, "simulate", recorded)
     monkeypatch.setattr(timing, "backward_seconds",
                         lambda c, *rest: seconds.get(c.backward_weight_flops, (0.0, 0.0))
                         if c.kernel == "matmul" else (0.0, 0.0))
@@ -679,7 +672,8 @@ def _copied_kernels(monkeypatch, seconds: dict[int, tuple[float, float]],
     model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(512, name="a"),
                               keras.layers.Dense(1024, name="b"),
                               keras.layers.Dense(8, name="c")])
-    memscope.estimate(model, 64, optimizer="sgd", device=cpu, method="graph")
+    with simulations() as results:
+        memscope.estimate(model, 64, optimizer="sgd", device=cpu, method="graph")
     kernels = {id(model.get_layer(name).kernel): name for name in "abc"}
     return {kernels.get(key, "another weight") for key in results[0].copied_weights}
 
