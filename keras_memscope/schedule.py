@@ -1293,6 +1293,7 @@ def simulate(
             if r is not None and r not in seen_regions:
                 seen_regions.add(r)
                 if region_inputs[r]:
+                    advance(clock)  # (what ended before the recomputation starts)
                     recompute(r)
             if not f.needs_backward or id(f) in cast_flats:
                 continue  # (a weight's cast: its gradient is the weight job's)
@@ -1303,7 +1304,7 @@ def simulate(
             xts = [t for t in f.input_grads if t not in weight_side]
             wts = [t for t in f.input_grads if t in weight_side]
             t_in, t_w = times[i_flat] if times else (0.0, 0.0)
-            first_job = None
+            first_job, ended_first = None, False
             if (times and wts and xts and costs[i_flat].kernel in WEIGHT_GRADIENT_FIRST
                     and any(j.left > 0 for j in jobs)):
                 # the second thread is busy: the weight gradient starts now,
@@ -1315,6 +1316,13 @@ def simulate(
                 running = next(k for k, j in enumerate(jobs) if j.left > 0)
                 jobs.insert(running + 1, first_job)
                 clock = share(0.0, keep_waiting=sum(j.left > 0 for j in jobs) - 1)
+                # the job that ended lets go of what it held before the input
+                # gradient is made; if it is this one, the output gradients
+                # wait for the input gradient, which reads them
+                ended_first = first_job.left <= 0
+                if ended_first:
+                    first_job.out_grads = []
+                advance(clock)
                 update_busy[1] = clock
                 loop_on_second = bool(p.backlog_parts)
             # (gradient ops that read the output gradient together run side
@@ -1389,6 +1397,9 @@ def simulate(
                 # nothing left to compute: the output gradient and what the
                 # gradient read go as soon as the input gradients are written
                 end_job(job)
+            elif ended_first:
+                for bid in out_grads:
+                    drop_grad(bid)
             elif first_job is None:
                 jobs.append(job)
             if xts and times:

@@ -3,6 +3,7 @@
 import dataclasses
 import logging
 import warnings
+from typing import Any
 
 import keras
 import pytest
@@ -649,16 +650,16 @@ def test_two_running_gradient_ops_share_the_cores():
     assert _share(jobs, 5.0, 0.0) == 5.0
 
 
-def _copied_kernels(monkeypatch, seconds: dict[int, tuple[float, float]],
-                    first: bool = True, timed: bool = True) -> set[str]:
-    """The Dense kernels whose SGD update writes into a copy in the nominal
-    order of a simulated CPU step of a 256 -> 512 -> 1024 -> 8 MLP (batch
-    64), with each matrix product's input and weight gradients taking the
-    seconds given by its weight-gradient FLOPs and every other prim none;
-    the simulated times decide the copies (``schedule.TIMED_COPIES``), and
-    with ``first`` a matrix product's weight gradient starts first while the
-    second thread is busy (``schedule.WEIGHT_GRADIENT_FIRST``). Both were
-    tried and not adopted (benchmarks/RESULTS.md)."""
+def _nominal_step(monkeypatch, seconds: dict[int, tuple[float, float]],
+                  first: bool = True, timed: bool = True) -> tuple[keras.Model, Any]:
+    """A 256 -> 512 -> 1024 -> 8 MLP (Dense ``a``, ``b``, ``c``; batch 64,
+    SGD) and the nominal order of its simulated CPU step, with each matrix
+    product's input and weight gradients taking the seconds given by its
+    weight-gradient FLOPs and every other prim none; the simulated times
+    decide the copies (``schedule.TIMED_COPIES``), and with ``first`` a
+    matrix product's weight gradient starts first while the second thread is
+    busy (``schedule.WEIGHT_GRADIENT_FIRST``). Both were tried and not
+    adopted (benchmarks/RESULTS.md)."""
     from benchmarks.step_phases import simulations
     from keras_memscope import devices, schedule, timing
 
@@ -674,8 +675,16 @@ def _copied_kernels(monkeypatch, seconds: dict[int, tuple[float, float]],
                               keras.layers.Dense(8, name="c")])
     with simulations() as results:
         memscope.estimate(model, 64, optimizer="sgd", device=cpu, method="graph")
+    return model, results[0]
+
+
+def _copied_kernels(monkeypatch, seconds: dict[int, tuple[float, float]],
+                    first: bool = True, timed: bool = True) -> set[str]:
+    """The Dense kernels of :func:`_nominal_step`'s MLP whose SGD update
+    writes into a copy."""
+    model, step = _nominal_step(monkeypatch, seconds, first, timed)
     kernels = {id(model.get_layer(name).kernel): name for name in "abc"}
-    return {kernels.get(key, "another weight") for key in results[0].copied_weights}
+    return {kernels.get(key, "another weight") for key in step.copied_weights}
 
 
 def test_an_update_copies_its_weight_while_an_input_gradient_reads_it(monkeypatch):
@@ -711,6 +720,36 @@ def test_a_weight_gradient_starts_first_when_the_second_thread_is_busy(monkeypat
     assert _copied_kernels(monkeypatch, busy) == {"b"}
     monkeypatch.undo()
     assert _copied_kernels(monkeypatch, busy, first=False) == set()
+
+
+def test_the_job_that_ends_while_an_input_gradient_waits_lets_go_first(monkeypatch):
+    """``b``'s weight gradient starts first beside ``c``'s, and ``b``'s
+    input gradient waits for a thread. When ``c``'s ends first it lets go of
+    what it held (``b``'s output, ``c``'s output gradient) before the input
+    gradient's 128 KiB is made: a three-convolution trunk at b64
+    (``benchmarks.zoo.multihead``) runs so in every profiled step, the second
+    convolution's input gradient starting after the third's filter gradient
+    ends (``python -m benchmarks.op_timeline``). When ``b``'s ends first,
+    what only it read goes (``a``'s 128 KiB output), and ``b``'s output
+    gradient stays for the input gradient, which reads it."""
+    flops = {name: 2 * 64 * n * m for name, n, m in (("a", 256, 512), ("b", 512, 1024),
+                                                      ("c", 1024, 8))}
+    c_first = {flops["c"]: (1e-6, 0.01), flops["b"]: (1e-6, 0.05)}
+    _, step = _nominal_step(monkeypatch, c_first)
+    points = [p for p in step.timeline if p.phase == "backward"]
+    at = {(p.layer, p.event): k for k, p in enumerate(points)}
+    c_done, b_input = at["c", "MatMul (weight gradients)"], at["b", "MatMul"]
+    assert c_done < b_input < at["b", "MatMul (weight gradients)"], at
+    monkeypatch.undo()
+    b_first = {flops["c"]: (1e-6, 0.05), flops["b"]: (1e-6, 0.01)}
+    _, step = _nominal_step(monkeypatch, b_first)
+    points = [p for p in step.timeline if p.phase == "backward"]
+    at = {(p.layer, p.event): k for k, p in enumerate(points)}
+    b_done, b_input = at["b", "MatMul (weight gradients)"], at["b", "MatMul"]
+    assert b_done + 1 == b_input < at["c", "MatMul (weight gradients)"], at
+    kernel, x = 512 * 1024 * 4, 64 * 512 * 4
+    assert points[b_done].live_bytes - points[b_done - 1].live_bytes == kernel - x
+    assert points[b_input].live_bytes - points[b_done].live_bytes == x  # b's input gradient
 
 
 def test_a_view_of_the_batch_is_the_batch():

@@ -365,15 +365,20 @@ def _kernel_gradients_ended_during_recomputation(model, est) -> list[str]:
     return ended
 
 
-def test_a_recomputation_takes_time_on_the_first_thread(monkeypatch):
+@pytest.mark.parametrize("first", [frozenset(), frozenset({"matmul"})])
+def test_a_recomputation_takes_time_on_the_first_thread(monkeypatch, first):
     """The recomputed ops run on the input-gradient thread for their forward
     time, so the weight gradients running beside them on the other thread
     may end meanwhile: the next Dense's kernel gradient, which reads the
     GELU's output, ends while the GELU is recomputed (as in the profiled
     step of ``mlp_gelu``, where it ends before the recomputed square is
-    made). A recomputation taking no time ends none."""
-    from keras_memscope import timing
+    made). A recomputation taking no time ends none: a job that ended
+    before it (one the input gradient before the region waited for, with
+    the weight gradient first: ``schedule.WEIGHT_GRADIENT_FIRST``) is done
+    before it starts."""
+    from keras_memscope import schedule, timing
 
+    monkeypatch.setattr(schedule, "WEIGHT_GRADIENT_FIRST", first)
     model = gelu_mlp()
     est = memscope.whatif(model, 1024, remat="activations", optimizer="adam", device="cpu",
                           method="graph")
