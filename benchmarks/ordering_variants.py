@@ -53,7 +53,11 @@ place:
   (``keras_memscope.schedule.TIMED_COPIES``), not every time;
 * ``six-steps``: the CPU's simulated orders each run six steps after the
   warm-up, the highest kept (``DeviceProfile.simulated_steps``), as
-  ``benchmarks/accuracy.py`` measures six.
+  ``benchmarks/accuracy.py`` measures six;
+* ``updates-take-time``: an optimizer update made while the step goes on
+  holds its gradient and one variable-sized temporary for its simulated
+  seconds, beside what is allocated meanwhile
+  (``keras_memscope.schedule.UPDATES_TAKE_TIME``).
 """
 
 from __future__ import annotations
@@ -68,7 +72,7 @@ from typing import Any
 
 VARIANTS = ("first-chunk", "matmul-shapes", "onednn-speeds", "ratio", "add-pass-through",
             "read-together", "update-busy", "onednn-conv-ratios", "weight-gradient-first",
-            "timed-copies", "six-steps")
+            "timed-copies", "six-steps", "updates-take-time")
 #: the kernels ``weight-gradient-first`` starts first
 FIRST_KERNELS = frozenset({"conv", "conv_transpose", "matmul"})
 
@@ -111,11 +115,14 @@ def variants(names: Sequence[str], ratio_sigma: float = 0.22) -> Iterator[None]:
     saved_busy = schedule.UPDATES_HOLD_THE_THREAD
     saved_first = schedule.WEIGHT_GRADIENT_FIRST
     saved_copies = schedule.TIMED_COPIES
+    saved_taking = schedule.UPDATES_TAKE_TIME
     saved_cpu = devices._cpu_profile
     if "weight-gradient-first" in names:
         schedule.WEIGHT_GRADIENT_FIRST = FIRST_KERNELS
     if "timed-copies" in names:
         schedule.TIMED_COPIES = True
+    if "updates-take-time" in names:
+        schedule.UPDATES_TAKE_TIME = True
     if "six-steps" in names:
         devices._cpu_profile = lambda: dataclasses.replace(saved_cpu(), simulated_steps=6)
     if "update-busy" in names:
@@ -166,6 +173,7 @@ def variants(names: Sequence[str], ratio_sigma: float = 0.22) -> Iterator[None]:
         schedule.SIDE_BY_SIDE_GRADIENTS = saved_side
         schedule.WEIGHT_GRADIENT_FIRST = saved_first
         schedule.TIMED_COPIES = saved_copies
+        schedule.UPDATES_TAKE_TIME = saved_taking
         devices._cpu_profile = saved_cpu
 
 

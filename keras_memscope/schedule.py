@@ -290,6 +290,18 @@ WEIGHT_GRADIENT_FIRST: frozenset[str] = frozenset()
 #: gradient reading the weight). False: every such update copies. Tried
 #: (``--variants timed-copies``) and not adopted, as above.
 TIMED_COPIES = False
+#: Whether an optimizer update made while the step goes on takes time: for
+#: its simulated seconds (``update_time``, from when its gradient is
+#: written, or when the update before it ends: one runs at a time) its
+#: gradient and one variable-sized temporary stay alive beside what the
+#: step allocates meanwhile, the last gradients and the updates after it
+#: included (an allocator trace of the gated MLP, b8 Adam: the
+#: second kernel's gradient and Adam's ``Square_3`` alive when the first
+#: kernel's 16 MiB gradient is made, and that kernel's update beside them,
+#: 160.5 MiB in use). False: an update's temporaries come and go at once.
+#: Tried (``benchmarks.ordering_variants --variants updates-take-time``) and
+#: not adopted: benchmarks/RESULTS.md, "An update that takes time".
+UPDATES_TAKE_TIME = False
 
 
 def _addition_trees(flats: Sequence[_Flat], made: dict[int, int]) -> dict[int, set[int]]:
@@ -1025,6 +1037,17 @@ def simulate(
             else:
                 sim.free(bid)
         queue: deque[tuple[int, int]] = deque()
+        # updates still running (UPDATES_TAKE_TIME): when each ends, and the
+        # buffers it holds till then
+        running_updates: list[tuple[float, list[int]]] = []
+
+        def updates_end(now: float) -> None:
+            """The updates running (UPDATES_TAKE_TIME) that end by ``now``
+            let go of their gradient and temporary."""
+            for entry in [e for e in running_updates if e[0] <= now]:
+                running_updates.remove(entry)
+                for b in entry[1]:
+                    sim.free(b)
         # when the updates started during the backward pass leave the
         # second thread (UPDATES_HOLD_THE_THREAD), and the time now
         update_busy = [0.0, 0.0]
@@ -1067,6 +1090,11 @@ def simulate(
                 accumulator[key] = ("zeros",)
             nbytes = sim.buffers[bid].nbytes
             dense_done = False
+            now = update_busy[1]
+            takes_time = (UPDATES_TAKE_TIME and times is not None and update_time is not None
+                          and not final and bid not in sparse_grads)
+            if takes_time:
+                updates_end(now)
             if bid in sparse_grads and sparse_update is not None:
                 # the optimizer's code densifies the IndexedSlices (a
                 # segment sum per use) and computes on its values, all alive
@@ -1094,9 +1122,14 @@ def simulate(
                     sim.free(b)
                 nbytes = weight_bytes[key]
             ws_bytes = 0 if dense_done else (
-                (final_update_workspace or update_workspace)(nbytes) if final
-                else update_workspace(nbytes))
+                # (with both threads free its ops run side by side; an update
+                # still running holds one of them)
+                (final_update_workspace or update_workspace)(nbytes)
+                if final and not running_updates else update_workspace(nbytes))
             # (each of the update's temporaries is a tensor of its own)
+            kept_bytes = min(ws_bytes, nbytes) if takes_time else 0
+            kept = sim.alloc(kept_bytes, weight_layer[key], UPDATE) if kept_bytes else None
+            ws_bytes -= kept_bytes
             ws = (sim.alloc(ws_bytes, weight_layer[key], UPDATE, max(1, ws_bytes // nbytes))
                   if ws_bytes else None)
             for nbytes, share_key in first_write.pop(key, ()):
@@ -1123,7 +1156,16 @@ def simulate(
                     weight_buffer[key] = copy
                 else:
                     sim.free(copy)
-            if bid is not None:
+            if takes_time:
+                # the update runs on, after those before it: its gradient
+                # stays till it ends, and its temporary if it starts now
+                start = max([now, *(end for end, _ in running_updates)])
+                if start > now and kept is not None:
+                    sim.free(kept)
+                    kept = None
+                running_updates.append((start + update_time(weight_bytes[key]),
+                                        [b for b in (bid, kept) if b is not None]))
+            elif bid is not None:
                 sim.free(bid)
             sim.point("update", weight_layer[key], "apply gradient")
 
@@ -1276,9 +1318,12 @@ def simulate(
                 due += [(j.start, 1, k, j) for k, j in enumerate(jobs)
                         if not j.started and j.start <= now]
                 if not due:
+                    if now < INF:
+                        updates_end(now)
                     return
                 when, ending, _, job = min(due, key=lambda e: e[:3])
                 update_busy[1] = when
+                updates_end(when)
                 if ending == 0:
                     jobs.remove(job)
                     end_job(job)
@@ -1444,8 +1489,10 @@ def simulate(
             sim.check("all-reduce")
             sim.free(packed)
             sim.point("all-reduce", "all-reduce", "all-reduce gradients")
+        updates_end(update_busy[1])
         while queue:  # after the last gradient: nothing else to run beside them
             run_update(*queue.popleft(), final=True)
+        updates_end(INF)
         for bid in held_before_decay:  # a read the step never released
             if bid in sim.buffers:
                 sim.free(bid)

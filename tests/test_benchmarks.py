@@ -184,11 +184,12 @@ def test_ordering_variants_change_the_model_and_put_it_back():
     from keras_memscope import devices
 
     assert devices.get_device("cpu").simulated_steps == 1
-    with variants(["weight-gradient-first", "timed-copies", "six-steps"]):
+    with variants(["weight-gradient-first", "timed-copies", "six-steps", "updates-take-time"]):
         assert schedule.WEIGHT_GRADIENT_FIRST == {"conv", "conv_transpose", "matmul"}
-        assert schedule.TIMED_COPIES
+        assert schedule.TIMED_COPIES and schedule.UPDATES_TAKE_TIME
         assert devices.get_device("cpu").simulated_steps == 6
     assert not schedule.WEIGHT_GRADIENT_FIRST and not schedule.TIMED_COPIES
+    assert not schedule.UPDATES_TAKE_TIME
     assert devices.get_device("cpu").simulated_steps == 1
 
 

@@ -752,6 +752,41 @@ def test_the_job_that_ends_while_an_input_gradient_waits_lets_go_first(monkeypat
     assert points[b_input].live_bytes - points[b_done].live_bytes == x  # b's input gradient
 
 
+def test_an_update_that_takes_time_holds_its_gradient_beside_the_next(monkeypatch):
+    """With ``schedule.UPDATES_TAKE_TIME`` the gated MLP's (b8 Adam) second
+    kernel's update still runs when the first kernel's gradient is made, and
+    the two updates run side by side: at the peak each 2048 x 2048 kernel
+    holds its gradient and one Adam temporary, as in the allocator trace of
+    its 160.5 MiB steps (``python -m benchmarks.allocation_trace --model
+    tests.models:gated_mlp --batch 8 --optimizer adam``: ``Square_3`` of the
+    one beside ``Square`` of the other, then the two ``Sqrt``s and
+    ``Mul``s). Without it the updates come and go one at a time."""
+    from keras_memscope import devices, schedule
+
+    cpu = dataclasses.replace(devices.get_device("cpu"), order_histories=0)
+    model = gated_mlp()
+    kernels = [layer.name for layer in model.layers
+               if isinstance(layer, keras.layers.Dense) and layer.units == 2048]
+    kernel = 2048 * 2048 * 4
+
+    def held() -> dict[tuple[str, str], int]:
+        est = memscope.estimate(model, 8, optimizer="adam", device=cpu, method="graph")
+        assert est.peak_phase == "update"
+        return {(h.layer, h.kind): h.bytes for h in est.peak_holders
+                if h.layer in kernels and h.kind in ("gradient", "optimizer update")}
+
+    one_at_a_time = held()  # one kernel's update: its gradient and temporaries
+    assert len({layer for layer, _ in one_at_a_time}) == 1, one_at_a_time
+    monkeypatch.setattr(schedule, "UPDATES_TAKE_TIME", True)
+    side_by_side = held()
+    assert set(side_by_side) == {(name, kind) for name in kernels
+                                 for kind in ("gradient", "optimizer update")}
+    for name in kernels:
+        assert side_by_side[name, "optimizer update"] == kernel
+        # (and the layer's 8 KiB bias gradient where its update still waits)
+        assert kernel <= side_by_side[name, "gradient"] <= kernel + 2048 * 4
+
+
 def test_a_view_of_the_batch_is_the_batch():
     """Conv1D's first op is an ExpandDims of its input, a view: on the batch
     it allocates nothing, and what the filter gradient keeps of it is the
