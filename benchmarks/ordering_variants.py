@@ -75,6 +75,14 @@ VARIANTS = ("first-chunk", "matmul-shapes", "onednn-speeds", "ratio", "add-pass-
             "timed-copies", "six-steps", "updates-take-time")
 #: the kernels ``weight-gradient-first`` starts first
 FIRST_KERNELS = frozenset({"conv", "conv_transpose", "matmul"})
+#: the variants that set a switch of ``keras_memscope.schedule``: its name and value
+SCHEDULE_SWITCHES: dict[str, tuple[str, Any]] = {
+    "weight-gradient-first": ("WEIGHT_GRADIENT_FIRST", FIRST_KERNELS),
+    "timed-copies": ("TIMED_COPIES", True),
+    "updates-take-time": ("UPDATES_TAKE_TIME", True),
+    "update-busy": ("UPDATES_HOLD_THE_THREAD", True),
+    "read-together": ("SIDE_BY_SIDE_GRADIENTS", True),
+}
 
 G = 1e9
 #: medians of three calibrations (``memscope.calibrate("cpu")``) of a 2-core
@@ -110,27 +118,15 @@ def variants(names: Sequence[str], ratio_sigma: float = 0.22) -> Iterator[None]:
     saved_speeds = timing.NOMINAL_CPU_SPEEDS
     saved_init = allocator.BFCModel.__init__
     saved_times = estimator._scaled_times
-    saved_pass = schedule.PASS_THROUGH_GRADIENTS
-    saved_side = schedule.SIDE_BY_SIDE_GRADIENTS
-    saved_busy = schedule.UPDATES_HOLD_THE_THREAD
-    saved_first = schedule.WEIGHT_GRADIENT_FIRST
-    saved_copies = schedule.TIMED_COPIES
-    saved_taking = schedule.UPDATES_TAKE_TIME
     saved_cpu = devices._cpu_profile
-    if "weight-gradient-first" in names:
-        schedule.WEIGHT_GRADIENT_FIRST = FIRST_KERNELS
-    if "timed-copies" in names:
-        schedule.TIMED_COPIES = True
-    if "updates-take-time" in names:
-        schedule.UPDATES_TAKE_TIME = True
+    switches = {**SCHEDULE_SWITCHES,
+                "add-pass-through": ("PASS_THROUGH_GRADIENTS", schedule._ADDITIONS | {"AddN"})}
+    saved_switches = {attr: getattr(schedule, attr) for attr, _ in switches.values()}
+    for name in names:
+        if name in switches:
+            setattr(schedule, *switches[name])
     if "six-steps" in names:
         devices._cpu_profile = lambda: dataclasses.replace(saved_cpu(), simulated_steps=6)
-    if "update-busy" in names:
-        schedule.UPDATES_HOLD_THE_THREAD = True
-    if "read-together" in names:
-        schedule.SIDE_BY_SIDE_GRADIENTS = True
-    if "add-pass-through" in names:
-        schedule.PASS_THROUGH_GRADIENTS = schedule._ADDITIONS | {"AddN"}
     if "onednn-speeds" in names:
         timing.NOMINAL_CPU_SPEEDS = ONEDNN_SPEEDS
     elif "matmul-shapes" in names:
@@ -168,12 +164,8 @@ def variants(names: Sequence[str], ratio_sigma: float = 0.22) -> Iterator[None]:
         timing.NOMINAL_CPU_SPEEDS = saved_speeds
         allocator.BFCModel.__init__ = saved_init  # type: ignore[method-assign]
         estimator._scaled_times = saved_times
-        schedule.PASS_THROUGH_GRADIENTS = saved_pass
-        schedule.UPDATES_HOLD_THE_THREAD = saved_busy
-        schedule.SIDE_BY_SIDE_GRADIENTS = saved_side
-        schedule.WEIGHT_GRADIENT_FIRST = saved_first
-        schedule.TIMED_COPIES = saved_copies
-        schedule.UPDATES_TAKE_TIME = saved_taking
+        for attr, value in saved_switches.items():
+            setattr(schedule, attr, value)
         devices._cpu_profile = saved_cpu
 
 

@@ -659,8 +659,6 @@ def simulate(
     # TensorFlow's executor threads (the trace shows it both ways): the copy
     # is assumed, the larger peak (with TIMED_COPIES and times, each
     # simulated order settles it: ``copied``).
-    copy_on_write: set[int] = set()
-    copied: set[int] = set()  # of those, the ones the step being simulated copies
     weight_readers: Counter[int] = Counter()  # the input gradients reading each weight
     decayed = [key for key in dict.fromkeys(decayed) if weight_trainable.get(key)]
     tensors_of: dict[int, list[int]] = defaultdict(list)
@@ -677,11 +675,12 @@ def simulate(
             if any(t not in weight_of for t in wants):
                 f.weight_reads = tuple(dict.fromkeys(
                     t for t in f.ins if t in weight_of and weight_trainable[weight_of[t]]))
-                copy_on_write.update(weight_of[t] for t in f.weight_reads)
                 weight_readers.update(weight_of[t] for t in f.weight_reads)
             for t in wants:
                 grad_pending0[t] += 1
-    copy_on_write.difference_update(decayed)  # already a copy of its own
+    # (a decayed weight is already a copy of its own)
+    copy_on_write = set(weight_readers).difference(decayed)
+    copied: set[int] = set()  # of those, the ones the step being simulated copies
     # A gather's weight gradient is IndexedSlices whose values are the output
     # gradient: nothing is written, the update densifies it. Where several
     # ops read the weight its parts are summed densely, and accumulators
