@@ -108,6 +108,23 @@ def cpu_onednn_runs(dtype: str = "float32") -> bool:
     return False
 
 
+def cpu_reference_kernels() -> tuple[str, ...]:
+    """The kernel families (``"family:dtype"``) that oneDNN runs on this CPU
+    with its reference implementation, scalar loops far slower than its
+    other kernels: the convolution filter gradient (regular and depthwise)
+    in float16 where oneDNN runs float16 (:func:`cpu_onednn_runs`) on a CPU
+    without AMX-FP16. ``ONEDNN_VERBOSE=1`` on an Intel Xeon with
+    AVX512_FP16 and AMX-BF16, no AMX-FP16, names ``ref:any`` for them
+    (``brgconv_bwd_w`` with AMX for bfloat16, ``jit:avx512_core`` for
+    float32); in a training step of ``benchmarks.zoo.fp16cnn`` at batch 8
+    a 3 x 3 x 32 -> 64 filter gradient over 32 x 32 maps takes 1.8 s where
+    its forward convolution takes 1.9 ms. Whether oneDNN has a faster
+    kernel with AMX-FP16 is not measured; none is assumed there."""
+    if cpu_onednn_runs("float16") and "amx_fp16" not in cpu_flags():
+        return ("conv_filter_grad:float16",)
+    return ()
+
+
 @functools.cache
 def cpu_uses_onednn() -> bool:
     """Whether TensorFlow runs its oneDNN kernels on this machine's CPU.
@@ -160,6 +177,12 @@ class DeviceProfile:
         cache_bytes, cache_bandwidth_bytes_s: the data one kernel may move at
             the speed of a CPU's last-level cache, and that speed (calibrated
             with arrays taking three sixteenths of the cache).
+        reference_kernels: the kernel families (``"family:dtype"``) the
+            device runs with a library's reference implementation, at
+            ``rates[family:dtype]`` where calibrated, else
+            ``timing.REFERENCE_KERNEL_FLOPS`` (oneDNN's float16 filter
+            gradients on a CPU without AMX-FP16:
+            :func:`cpu_reference_kernels`).
         rates: calibrated throughput of kernel families: ``"matmul"``,
             ``"conv"``, ``"conv_filter_grad"``, ``"conv_input_grad"`` (FLOP/s)
             and ``"reduce"`` (bytes/s); a family without a rate uses the peak.
@@ -234,6 +257,7 @@ class DeviceProfile:
     cache_bytes: int | None = None
     cache_bandwidth_bytes_s: float | None = None
     rates: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    reference_kernels: tuple[str, ...] = ()
     update_lag: int = 1
     weight_grad_lag: int = 0
     op_time_sigma: float = 0.0
@@ -347,6 +371,7 @@ def _cpu_profile() -> DeviceProfile:
         weight_grad_lag=1, op_time_sigma=0.33, order_histories=10,
         upcast_dtypes=("float16",) if native_bf16 else ("float16", "bfloat16"),
         accumulate_dtypes=("bfloat16",) if native_bf16 else (),
+        reference_kernels=cpu_reference_kernels(),
         fresh_pages_above=None if _cpu_bfc() else 32 * MiB,
         source=("this machine's available RAM; overhead: resident set right after "
                 "`import tensorflow` (tensorflow-cpu 2.21, Linux x86-64), measured"),
@@ -436,7 +461,7 @@ def profile_from_dict(data: Mapping[str, Any]) -> DeviceProfile:
         raise ValueError(f"device kind must be 'cpu' or 'gpu', got {kind!r}")
     base = _cpu_profile() if kind == "cpu" else GENERIC_GPU
     values.setdefault("overhead_bytes", base.overhead_bytes)
-    for key in ("upcast_dtypes", "accumulate_dtypes"):
+    for key in ("upcast_dtypes", "accumulate_dtypes", "reference_kernels"):
         values[key] = tuple(values.get(key, getattr(base, key)))
     for key in ("weight_grad_lag", "op_time_sigma", "order_histories", "simulated_steps"):
         values.setdefault(key, getattr(base, key))

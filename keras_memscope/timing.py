@@ -66,6 +66,15 @@ def _bandwidth(profile: DeviceProfile, nbytes: float, kernels: int) -> float:
 
 _GEMM_SIZES = (16, 64, 256, 2048)
 
+#: FLOP/s of oneDNN's reference convolution filter gradient in float16 (both
+#: threads), where the CPU runs it (``devices.cpu_reference_kernels``):
+#: measured on an Intel Xeon with AVX512_FP16 (no AMX-FP16), 0.40-0.46
+#: GFLOP/s alone for five 3 x 3 filter gradients from 3 -> 32 channels over
+#: 64 x 64 maps at batch 8 to 64 -> 128 over 16 x 16 at batch 4 (the best of
+#: three runs each): a rate of FLOPs whatever the shape. ``calibrate``
+#: measures it where the CPU runs it.
+REFERENCE_KERNEL_FLOPS = 0.42e9
+
 
 #: A matmul's gradients are products of their own shapes: the input gradient
 #: multiplies by a transposed operand (``dy @ W^T``), the weight gradient
@@ -105,6 +114,11 @@ def op_time(flops: float, nbytes: float, profile: DeviceProfile, dtype: str = "f
     """
     if kernels <= 0:
         return 0.0
+    special = f"{family}:{dtype}"
+    if special in profile.rates or special in profile.reference_kernels:
+        # a kernel of its own for this type (a library's reference loops)
+        rate = profile.rates.get(special, REFERENCE_KERNEL_FLOPS)
+        return flops / rate + kernels * _overhead(profile)
     if family == "matmul" or family in MATMUL_GRAD_FAMILIES:
         rate = matmul_rate(profile, min_dim, family)
     else:
@@ -322,6 +336,16 @@ def calibrate(device: str | DeviceProfile = "cpu", *, repeats: int = 5) -> Devic
             input=x, filter_sizes=[3, 3, 64, 64], out_backprop=g, strides=[1, 1, 1, 1],
             padding="SAME")[0, 0, 0, 0])
         t_filt = _best_time(lambda: filt().numpy(), repeats)
+        reference = {}
+        if "conv_filter_grad:float16" in profile.reference_kernels:
+            # oneDNN's reference loops: a small one (9.4 MFLOP, ~20 ms)
+            x16 = tf.cast(x[:1, :16, :16, :32], tf.float16)
+            g16 = tf.cast(g[:1, :16, :16, :64], tf.float16)
+            filt16 = tf.function(lambda: tf.raw_ops.Conv2DBackpropFilter(
+                input=x16, filter_sizes=[3, 3, 32, 64], out_backprop=g16,
+                strides=[1, 1, 1, 1], padding="SAME")[0, 0, 0, 0])
+            reference["conv_filter_grad:float16"] = (
+                2 * 16 * 16 * 32 * 64 * 9 / _best_time(lambda: filt16().numpy(), repeats))
         inp = tf.function(lambda: tf.raw_ops.Conv2DBackpropInput(
             input_sizes=[16, 56, 56, 64], filter=k, out_backprop=g, strides=[1, 1, 1, 1],
             padding="SAME")[0, 0, 0, 0])
@@ -387,7 +411,7 @@ def calibrate(device: str | DeviceProfile = "cpu", *, repeats: int = 5) -> Devic
     rates = {"matmul": matmul_flops, "conv": conv_flops,
              "conv_filter_grad": conv_work / t_filt, "conv_input_grad": conv_work / t_inp,
              "reduce": 8 * 112 * 112 * 64 * 4 / t_red,
-             **skinny, f"matmul@{n}": matmul_flops}
+             **skinny, f"matmul@{n}": matmul_flops, **reference}
     bandwidth = 3 * big * 4 / t_add
     overhead = t_chain / 200
     # the time beyond reading and writing the data is touching new pages
@@ -423,6 +447,9 @@ def calibrate(device: str | DeviceProfile = "cpu", *, repeats: int = 5) -> Devic
                 f"{bandwidth / 1e9:.1f} GB/s ({cache_bandwidth / 1e9:.1f} GB/s within the "
                 f"{cache >> 20} MiB cache, for kernels moving up to {cached_bytes >> 20} MiB), "
                 f"{overhead * 1e6:.1f} us per op"
+                + "".join(f", {key.split(':')[1]} {key.split(':')[0].replace('_', ' ')} "
+                          f"(a reference kernel) {rate / 1e9:.2f} GFLOP/s"
+                          for key, rate in reference.items())
                 + (f", new pages touched at {first_touch / 1e9:.1f} GB/s for buffers above "
                    f"{(fresh_above or 0) / 2**20:.0f} MiB" if first_touch else "") + "; "
                 + profile.source),

@@ -1,5 +1,6 @@
 """FLOPs with the formulas written out, TensorFlow's own count, the time model."""
 
+import dataclasses
 import math
 import statistics
 
@@ -145,6 +146,41 @@ def test_matmul_gradients_run_at_their_own_skinny_speeds(method):
     flops = 2 * 16 * 2048 * 2048
     assert second.backward_time_s == pytest.approx(flops / 1e9 + flops / 2e9, rel=0.02)
     assert second.forward_time_s == pytest.approx(flops / 1e10, rel=0.02)
+
+
+def test_a_reference_kernel_runs_at_its_own_rate(monkeypatch):
+    """A float16 convolution's filter gradient on a device that runs it with
+    oneDNN's reference loops takes its FLOPs at the reference rate (the
+    calibrated one where there is one); its input gradient and float32's
+    filter gradient keep the device's speeds. Which CPUs: their flags."""
+    from keras_memscope import devices, timing
+
+    model = keras.Sequential([keras.Input((16, 16, 32)),
+                              layers.Conv2D(64, 3, padding="same", use_bias=False,
+                                            name="conv", dtype="float16")])
+    flops = 2 * 8 * 16 * 16 * 32 * 64 * 9
+    plain = _grad_rates_profile()
+    ref = _grad_rates_profile(reference_kernels=("conv_filter_grad:float16",))
+    calibrated = dataclasses.replace(ref, rates={**ref.rates,
+                                                 "conv_filter_grad:float16": 1e9})
+    times = {}
+    for name, profile in (("plain", plain), ("ref", ref), ("calibrated", calibrated)):
+        est = memscope.estimate(model, 8, optimizer="sgd", device=profile, method="graph")
+        times[name] = next(r for r in est.layers if r.name == "conv").backward_time_s
+    # (half the backward FLOPs are the filter gradient's)
+    assert times["ref"] - times["plain"] == pytest.approx(
+        flops / timing.REFERENCE_KERNEL_FLOPS, rel=0.05)
+    assert times["calibrated"] - times["plain"] == pytest.approx(flops / 1e9, rel=0.05)
+    monkeypatch.setattr(devices, "cpu_onednn_runs", lambda dtype="float32": True)
+    monkeypatch.setattr(devices, "cpu_flags", lambda: frozenset({"avx512_fp16"}))
+    assert devices.cpu_reference_kernels() == ("conv_filter_grad:float16",)
+    monkeypatch.setattr(devices, "cpu_flags", lambda: frozenset({"avx512_fp16", "amx_fp16"}))
+    assert devices.cpu_reference_kernels() == ()
+    monkeypatch.setattr(devices, "cpu_onednn_runs", lambda dtype="float32": dtype != "float16")
+    assert devices.cpu_reference_kernels() == ()
+    # a profile given as a dict keeps them
+    assert devices.profile_from_dict(ref.to_dict()).reference_kernels == (
+        "conv_filter_grad:float16",)
 
 
 def test_new_pages_are_paid_above_the_threshold():

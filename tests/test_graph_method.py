@@ -312,7 +312,12 @@ def test_float16_convolutions_against_measurement():
     allocator trace, ``rules.conv.col_buffers`` to the byte). The filter
     gradient with respect to the kernel's float16 copy runs on the weight-
     gradient thread, as a weight's does. Batch 8, SGD: measured 61.8-65.6 MiB
-    in two processes, estimated 61.7; 17.3 without the column buffers."""
+    in two processes, estimated 61.7; 17.3 without the column buffers. On a
+    CPU with AVX512_FP16 oneDNN runs float16 too, and its filter gradients
+    are its reference loops (``devices.cpu_reference_kernels``), a second
+    each: the input gradients wait for a thread with their operands alive
+    (an Intel Xeon: measured 18.9-20.1 MiB in two processes, estimated 19.8;
+    17.1 with the filter gradients at the float32 speed)."""
     from benchmarks.zoo import fp16cnn
 
     assert_near_highest_process(fp16cnn(), 8, "sgd")
