@@ -485,6 +485,19 @@ def estimate(
                 f"{dt} matrix products on this CPU run natively (oneDNN's kernels, "
                 "AVX512_BF16) with a float32 buffer of the result where a matmul is fused "
                 "with its bias add and for each kernel's gradient, counted in the estimate")
+    call_dtypes = {c.index: (c.outputs[0].dtype if c.outputs else "float32")
+                   for c in graph.calls}
+    slow = sorted({call_dtypes.get(op.index, "") for op in ops
+                   if any(p.kernel == "conv" for p in op.prims)
+                   and any(w.trainable for w in op.weights)
+                   and f"conv_filter_grad:{call_dtypes.get(op.index)}"
+                   in profile.reference_kernels})
+    for dt in slow:
+        notes.append(
+            f"{dt} convolution filter gradients on this CPU run oneDNN's reference "
+            "loops (under 1 GFLOP/s, some hundreds of times slower than its float32 "
+            "kernels; bfloat16 has fast ones where the CPU has AVX512_BF16 or AMX): "
+            "the step takes far longer, and its input gradients wait for them")
     loop_backlog = _loop_backlog(ops)
     loop_extra = 0
     state = optimizers.optimizer_state(opt, model, sharding.local_shapes)
@@ -529,7 +542,7 @@ def estimate(
                    else state.update_temporaries)
     # after the backward pass the update's ready ops run together (both threads)
     final_temporaries = max(temporaries, state.final_update_peak - state.early_temporaries - 1)
-    dtypes = {c.index: (c.outputs[0].dtype if c.outputs else "float32") for c in graph.calls}
+    dtypes = call_dtypes
     backward_time = _ordering_seconds(timing.backward_seconds, profile, dtypes)
     forward_time = _ordering_seconds(timing.forward_seconds, profile, dtypes)
     sparse_sizes, scatters = _sparse_update(opt, ops)

@@ -163,10 +163,13 @@ def test_a_reference_kernel_runs_at_its_own_rate(monkeypatch):
     ref = _grad_rates_profile(reference_kernels=("conv_filter_grad:float16",))
     calibrated = dataclasses.replace(ref, rates={**ref.rates,
                                                  "conv_filter_grad:float16": 1e9})
-    times = {}
+    times, notes = {}, {}
     for name, profile in (("plain", plain), ("ref", ref), ("calibrated", calibrated)):
         est = memscope.estimate(model, 8, optimizer="sgd", device=profile, method="graph")
         times[name] = next(r for r in est.layers if r.name == "conv").backward_time_s
+        notes[name] = any("reference loops" in n for n in est.notes)
+    # and the estimate tells the user
+    assert notes == {"plain": False, "ref": True, "calibrated": True}
     # (half the backward FLOPs are the filter gradient's)
     assert times["ref"] - times["plain"] == pytest.approx(
         flops / timing.REFERENCE_KERNEL_FLOPS, rel=0.05)

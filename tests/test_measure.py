@@ -859,6 +859,34 @@ def test_bfloat16_matmul_holds_a_float32_result_not_copies():
     assert record.workspace_bytes == max(out32, kernel32)
 
 
+FLOAT16_MLP = BFLOAT16_MLP.replace("mixed_bfloat16", "mixed_float16")
+
+
+def test_float16_matmul_copies_only_where_onednn_does_not_run_float16():
+    """``DeviceProfile.upcast_dtypes`` for float16: TensorFlow's own float16
+    MatMul holds float32 copies of both operands and the result; where
+    oneDNN runs float16 (a CPU with AVX512_FP16, ``devices.cpu_onednn_runs``)
+    it multiplies natively (``ONEDNN_VERBOSE``: ``brg_matmul`` with float16
+    operands), and neither the trace nor the estimate has the copies."""
+    events = _profiled_allocations(FLOAT16_MLP)
+    fc = [n for op, n in events if "/fc" in op and "Cast" not in op and n >= 2**18]
+    rows, depth, units = 1000, 384, 1024
+    copies = [4 * rows * depth, 4 * depth * units]
+    native = memscope.devices.cpu_onednn_runs("float16")
+    found = [n for n in fc if n in copies]
+    assert (not found) if native else found, fc
+    assert fc.count(2 * rows * units) >= 1, fc  # the float16 output
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        model = keras.Sequential([keras.Input((depth,)), keras.layers.Dense(units, name="fc"),
+                                  keras.layers.Dense(10, dtype="float32")])
+    finally:
+        keras.config.set_dtype_policy("float32")
+    est = memscope.estimate(model, rows, optimizer="sgd", device="cpu", method="graph")
+    record = next(r for r in est.layers if r.name == "fc")
+    assert (record.workspace_bytes == 0) == native, record.workspace_bytes
+
+
 BFLOAT16_CNN = r"""
 keras.mixed_precision.set_global_policy("mixed_bfloat16")
 inp = keras.Input((32, 32, 8))
