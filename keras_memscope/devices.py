@@ -241,8 +241,15 @@ class DeviceProfile:
         accumulate_dtypes: the low-precision types whose matrix products the
             device computes natively into a float32 buffer of the result
             (oneDNN's bfloat16 MatMul on a CPU with AVX512_BF16: the matmul
-            fused with a bias add and the weight gradient;
+            fused with a bias add and, for the types also in
+            ``gradient_buffer_dtypes``, the weight gradient;
             :func:`keras_memscope.ir.matmul_upcast`).
+        gradient_buffer_dtypes: the types of ``accumulate_dtypes`` whose
+            weight gradients also hold a float32 buffer of the gradient
+            (oneDNN's bfloat16 kernels on a CPU with AVX512_BF16 and no
+            AMX; with AMX-BF16 none: ``benchmarks/matmul_scratch.py``, an
+            Intel Xeon with AMX: 0.2-2.5 MiB beyond the output for eight
+            shapes, none of them the output's float32 copy).
         allocator: the allocator model, ``"bfc"`` (TensorFlow's GPU allocator,
             and the CPU's with ``TF_CPU_ALLOCATOR_USE_BFC=true``) or ``"exact"``.
         source: where the figures come from.
@@ -268,6 +275,7 @@ class DeviceProfile:
     simulated_steps: int = 1
     upcast_dtypes: tuple[str, ...] = ()
     accumulate_dtypes: tuple[str, ...] = ()
+    gradient_buffer_dtypes: tuple[str, ...] = ()
     fresh_pages_above: int | None = None
     first_touch_bytes_s: float | None = None
     allocator: str = "bfc"
@@ -374,6 +382,8 @@ def _cpu_profile() -> DeviceProfile:
         weight_grad_lag=1, op_time_sigma=0.33, order_histories=10,
         upcast_dtypes=tuple(dt for dt in ("float16", "bfloat16") if not cpu_onednn_runs(dt)),
         accumulate_dtypes=("bfloat16",) if native_bf16 else (),
+        gradient_buffer_dtypes=(("bfloat16",) if native_bf16 and "amx_bf16" not in cpu_flags()
+                                else ()),
         reference_kernels=cpu_reference_kernels(),
         fresh_pages_above=None if _cpu_bfc() else 32 * MiB,
         source=("this machine's available RAM; overhead: resident set right after "
@@ -464,7 +474,8 @@ def profile_from_dict(data: Mapping[str, Any]) -> DeviceProfile:
         raise ValueError(f"device kind must be 'cpu' or 'gpu', got {kind!r}")
     base = _cpu_profile() if kind == "cpu" else GENERIC_GPU
     values.setdefault("overhead_bytes", base.overhead_bytes)
-    for key in ("upcast_dtypes", "accumulate_dtypes", "reference_kernels"):
+    for key in ("upcast_dtypes", "accumulate_dtypes", "gradient_buffer_dtypes",
+                "reference_kernels"):
         values[key] = tuple(values.get(key, getattr(base, key)))
     for key in ("weight_grad_lag", "op_time_sigma", "order_histories", "simulated_steps"):
         values.setdefault(key, getattr(base, key))

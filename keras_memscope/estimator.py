@@ -117,6 +117,7 @@ def resolve_method(method: str) -> str:
 def lower(graph: ModelGraph, ruleset: RuleSet, method: str = "rules",
           overrides: tuple[type, ...] = (), upcast_dtypes: Sequence[str] = (),
           xla_buffers: bool = True, accumulate_dtypes: Sequence[str] = (),
+          gradient_buffer_dtypes: Sequence[str] | None = None,
           ) -> tuple[list[LayerOp], dict[str, int], list[str]]:
     """Every call -> a LayerOp via its rule (or, with ``method="graph"``, via
     TensorFlow's graph of the call, except for the classes in ``overrides``,
@@ -195,7 +196,8 @@ def lower(graph: ModelGraph, ruleset: RuleSet, method: str = "rules",
                     inputs=tuple(t.id for t in call.inputs),
                     outputs=tuple(outputs),
                     output_bytes=tuple(t.nbytes for t in call.outputs),
-                    prims=tuple(with_upcast(p, upcast_dtypes, accumulate_dtypes)
+                    prims=tuple(with_upcast(p, upcast_dtypes, accumulate_dtypes,
+                                            gradient_buffer_dtypes)
                                  for p in prims),
                     weights=call.weights,
                     itemsize=dtype_bytes(call.outputs[0].dtype) if call.outputs else 4,
@@ -472,7 +474,8 @@ def estimate(
     ops, unsupported, rule_names = lower(graph, ruleset, method, overrides,
                                          profile.upcast_dtypes,
                                          xla_buffers=profile.kind == "cpu",
-                                         accumulate_dtypes=profile.accumulate_dtypes)
+                                         accumulate_dtypes=profile.accumulate_dtypes,
+                                         gradient_buffer_dtypes=profile.gradient_buffer_dtypes)
     for dt in sorted({p.compute_dtype for op in ops for p in op.prims} - {""}):
         if dt in profile.upcast_dtypes:
             notes.append(
@@ -484,7 +487,10 @@ def estimate(
             notes.append(
                 f"{dt} matrix products on this CPU run natively (oneDNN's kernels, "
                 "AVX512_BF16) with a float32 buffer of the result where a matmul is fused "
-                "with its bias add and for each kernel's gradient, counted in the estimate")
+                "with its bias add"
+                + (" and for each kernel's gradient" if dt in profile.gradient_buffer_dtypes
+                   else " (with AMX, none for the kernels' gradients)")
+                + ", counted in the estimate")
     call_dtypes = {c.index: (c.outputs[0].dtype if c.outputs else "float32")
                    for c in graph.calls}
     slow = sorted({call_dtypes.get(op.index, "") for op in ops

@@ -172,15 +172,19 @@ class Prim:
         )
 
 
-def with_upcast(p: Prim, dtypes: Sequence[str], accumulate: Sequence[str] = ()) -> Prim:
+def with_upcast(p: Prim, dtypes: Sequence[str], accumulate: Sequence[str] = (),
+                gradient_buffers: Sequence[str] | None = None) -> Prim:
     """``p`` on a device that computes matmuls of ``dtypes`` in float32 (its
     float32 copies join its forward and gradient workspaces) and those of
     ``accumulate`` into a float32 buffer of the result (that buffer joins
-    them)."""
+    them: the fused forward's, and the weight gradient's for the types in
+    ``gradient_buffers``, all of ``accumulate`` where None)."""
     if p.compute_dtype in dtypes:
         pairs = p.upcast_workspace
     elif p.compute_dtype in accumulate:
         pairs = p.accumulate_workspace
+        if gradient_buffers is not None and p.compute_dtype not in gradient_buffers:
+            pairs = tuple((k, n) for k, n in pairs if not k)
     else:
         return p
     if not pairs:

@@ -221,8 +221,10 @@ def test_weight_decay_copies_the_weights_gradients_still_read():
     weights = Counter(kernels + biases)
     products = Counter(n for op, n in events if op.startswith("adam_w/mul") and n > 4)
     assert products == weights, events
+    # (none where every decay ran after its weight's last reader: seen on an
+    # Intel Xeon in one process of five)
     copies = Counter(n for op, n in events if "AssignSubVariableOp" in op)
-    assert copies and not copies - weights, copies
+    assert not copies - weights, copies
 
 
 DENSE_RELU = r"""
@@ -836,17 +838,24 @@ def test_bfloat16_matmul_holds_a_float32_result_not_copies():
     """What ``DeviceProfile.accumulate_dtypes`` models: with oneDNN's kernels
     on this CPU a bfloat16 Dense layer's fused matmul and bias add holds a
     float32 buffer of its result beside its bfloat16 output, its kernel
-    gradient a float32 buffer of the kernel, and there are no float32
+    gradient a float32 buffer of the kernel (not with AMX: an Intel Xeon's
+    trace has the 0.75 MiB gradient and 1.40 MiB of scratch,
+    ``DeviceProfile.gradient_buffer_dtypes``), and there are no float32
     copies of the input or the kernel (which TensorFlow's own kernels
-    make); the estimate holds the same two buffers."""
+    make); the estimate holds the same buffers."""
     events = _profiled_allocations(BFLOAT16_MLP)
     # (the Casts: the kernel's bfloat16 copy, its gradient's float32 one)
     fc = [n for op, n in events if "/fc" in op and "Cast" not in op and n >= 2**18]
+    grad = [n for op, n in events
+            if "gradient_tape" in op and "/fc" in op and "MatMul" in op]
     rows, depth, units = 1000, 384, 1024
     out16, out32, kernel32 = 2 * rows * units, 4 * rows * units, 4 * depth * units
     assert fc.count(out16) >= 1, fc
     assert [n for n in fc if out32 <= n < out32 + 4096], fc
-    assert [n for n in fc if kernel32 <= n < kernel32 + 2**20], fc
+    amx = "amx_bf16" in memscope.devices.cpu_flags()
+    buffers = [n for n in grad if kernel32 <= n < kernel32 + 2**20]
+    assert (not buffers) if amx else buffers, grad
+    assert memscope.get_device("cpu").gradient_buffer_dtypes == (() if amx else ("bfloat16",))
     assert 4 * rows * depth not in fc and kernel32 not in fc, fc  # no copies
     keras.config.set_dtype_policy("mixed_bfloat16")
     try:
@@ -1165,7 +1174,8 @@ x, y = tf.ones((64, 300), "int32"), tf.zeros((64,), "int32")
 """
 
 #: Whether the Embedding's update starts before its output (which the
-#: convolution's filter gradient reads) is freed, in each of four profiled steps.
+#: convolution's filter gradient reads) is freed, in each of twelve profiled
+#: steps (a race: on an Intel Xeon 3 and 12 of 16 steps in two processes).
 UPDATE_BESIDE = r"""
 import json
 import numpy as np, keras, tensorflow as tf
@@ -1173,7 +1183,7 @@ from keras_memscope.measure import _profiled, _xspace_events
 {model}
 model.train_on_batch(x, y)
 beside = []
-for _ in range(4):
+for _ in range(12):
     events = [(n == "MemoryAllocation", s.get("tf_op", ""), s.get("addr"))
               for n, s in _profiled(lambda: model.train_on_batch(x, y), lambda path: _xspace_events(
                   path, ("MemoryAllocation", "MemoryDeallocation")))]
@@ -1206,9 +1216,9 @@ def test_an_update_runs_beside_the_last_filter_gradient():
     the first thread is free, and the updates whose gradients are written run
     on it beside a weight gradient still running on the second. An
     Embedding's gradient is ready when the next convolution's input gradient
-    is, and in the profiled steps Adam densifies it (a table-sized segment
-    sum) before the convolution's filter gradient has freed the embedding's
-    output it reads. Whether the filter gradient is still running when the
+    is, and in some of the profiled steps Adam densifies it (a table-sized
+    segment sum) before the convolution's filter gradient has freed the
+    embedding's output it reads. Whether the filter gradient is still running when the
     update makes the rest of its temporaries depends on their times: with one
     output channel the filter gradient is short, and the estimate does not
     hold the embedding's output at its peak (83.5 MiB; 83.7-83.8 measured in
