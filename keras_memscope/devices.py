@@ -248,8 +248,8 @@ class DeviceProfile:
             weight gradients also hold a float32 buffer of the gradient
             (oneDNN's bfloat16 kernels on a CPU with AVX512_BF16 and no
             AMX; with AMX-BF16 none: ``benchmarks/matmul_scratch.py``, an
-            Intel Xeon with AMX: 0.2-2.5 MiB beyond the output for eight
-            shapes, none of them the output's float32 copy).
+            Intel Xeon with AMX: 0.2-5.3 MiB beyond the output for eight
+            shapes, none of them a float32 buffer of the output).
         allocator: the allocator model, ``"bfc"`` (TensorFlow's GPU allocator,
             and the CPU's with ``TF_CPU_ALLOCATOR_USE_BFC=true``) or ``"exact"``.
         source: where the figures come from.

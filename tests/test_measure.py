@@ -832,6 +832,19 @@ x, y = tf.ones((1000, 384), "float32"), tf.zeros((1000,), "int32")
 """
 
 
+def _estimated_fc(policy: str, rows: int, depth: int, units: int):
+    """The graph estimate's record of the Dense layer ``fc`` of the
+    ``BFLOAT16_MLP`` model built under ``policy`` (SGD, on this CPU)."""
+    keras.config.set_dtype_policy(policy)
+    try:
+        model = keras.Sequential([keras.Input((depth,)), keras.layers.Dense(units, name="fc"),
+                                  keras.layers.Dense(10, dtype="float32")])
+    finally:
+        keras.config.set_dtype_policy("float32")
+    est = memscope.estimate(model, rows, optimizer="sgd", device="cpu", method="graph")
+    return next(r for r in est.layers if r.name == "fc")
+
+
 @pytest.mark.skipif(not memscope.devices.cpu_native_bfloat16(),
                     reason="oneDNN's bfloat16 kernels: a CPU with AVX512_BF16")
 def test_bfloat16_matmul_holds_a_float32_result_not_copies():
@@ -857,14 +870,7 @@ def test_bfloat16_matmul_holds_a_float32_result_not_copies():
     assert (not buffers) if amx else buffers, grad
     assert memscope.get_device("cpu").gradient_buffer_dtypes == (() if amx else ("bfloat16",))
     assert 4 * rows * depth not in fc and kernel32 not in fc, fc  # no copies
-    keras.config.set_dtype_policy("mixed_bfloat16")
-    try:
-        model = keras.Sequential([keras.Input((depth,)), keras.layers.Dense(units, name="fc"),
-                                  keras.layers.Dense(10, dtype="float32")])
-    finally:
-        keras.config.set_dtype_policy("float32")
-    est = memscope.estimate(model, rows, optimizer="sgd", device="cpu", method="graph")
-    record = next(r for r in est.layers if r.name == "fc")
+    record = _estimated_fc("mixed_bfloat16", rows, depth, units)
     assert record.workspace_bytes == max(out32, kernel32)
 
 
@@ -885,14 +891,7 @@ def test_float16_matmul_copies_only_where_onednn_does_not_run_float16():
     found = [n for n in fc if n in copies]
     assert (not found) if native else found, fc
     assert fc.count(2 * rows * units) >= 1, fc  # the float16 output
-    keras.config.set_dtype_policy("mixed_float16")
-    try:
-        model = keras.Sequential([keras.Input((depth,)), keras.layers.Dense(units, name="fc"),
-                                  keras.layers.Dense(10, dtype="float32")])
-    finally:
-        keras.config.set_dtype_policy("float32")
-    est = memscope.estimate(model, rows, optimizer="sgd", device="cpu", method="graph")
-    record = next(r for r in est.layers if r.name == "fc")
+    record = _estimated_fc("mixed_float16", rows, depth, units)
     assert (record.workspace_bytes == 0) == native, record.workspace_bytes
 
 
