@@ -493,12 +493,16 @@ def estimate(
                 + ", counted in the estimate")
     call_dtypes = {c.index: (c.outputs[0].dtype if c.outputs else "float32")
                    for c in graph.calls}
-    slow = sorted({call_dtypes.get(op.index, "") for op in ops
-                   if any(p.kernel == "conv" for p in op.prims)
-                   and any(w.trainable for w in op.weights)
-                   and f"conv_filter_grad:{call_dtypes.get(op.index)}"
-                   in profile.reference_kernels})
-    for dt in slow:
+    # the types whose weight gradients the time model runs at a reference
+    # kernel's rate
+    slow: set[str] = set()
+    for op in ops:
+        dt = call_dtypes.get(op.index, "float32")
+        if any(w.trainable for w in op.weights) and any(
+                f"{timing.GRADIENT_FAMILIES[p.kernel][1]}:{dt}" in profile.reference_kernels
+                for p in op.prims if p.kernel in timing.GRADIENT_FAMILIES):
+            slow.add(dt)
+    for dt in sorted(slow):
         notes.append(
             f"{dt} convolution filter gradients on this CPU run oneDNN's reference "
             "loops (under 1 GFLOP/s, some hundreds of times slower than its float32 "

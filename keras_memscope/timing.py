@@ -83,6 +83,14 @@ REFERENCE_KERNEL_FLOPS = 0.42e9
 MATMUL_GRAD_FAMILIES = ("matmul_input_grad", "matmul_weight_grad")
 
 
+#: The kernel families of the input and weight gradients of the prims whose
+#: gradients run as kernels of their own (a transposed convolution's input
+#: gradient is a forward convolution).
+GRADIENT_FAMILIES = {"conv": ("conv_input_grad", "conv_filter_grad"),
+                     "conv_transpose": ("conv", "conv_filter_grad"),
+                     "matmul": MATMUL_GRAD_FAMILIES}
+
+
 def matmul_rate(profile: DeviceProfile, min_dim: int, family: str = "matmul") -> float | None:
     """Calibrated FLOP/s of a matmul (or one of its gradients, ``family``)
     whose smallest dimension is ``min_dim``, interpolated in log-space
@@ -207,11 +215,8 @@ def backward_seconds(c: PrimCost, profile: DeviceProfile,
     if not (bwd_flops or c.backward_bytes):
         return 0.0, 0.0
     parts = (c.backward_input_flops, c.backward_weight_flops)
-    if c.kernel in ("conv", "conv_transpose", "matmul") and bwd_flops:
-        # (a transposed convolution's input gradient is a forward convolution)
-        families = (("conv_input_grad", "conv_filter_grad") if c.kernel == "conv"
-                    else ("conv", "conv_filter_grad") if c.kernel == "conv_transpose"
-                    else MATMUL_GRAD_FAMILIES)
+    if c.kernel in GRADIENT_FAMILIES and bwd_flops:
+        families = GRADIENT_FAMILIES[c.kernel]
         # (a convolution's filter gradient works on its output channels too)
         scale = (1.0, conv_lane_factor(c.out_channels, profile))
         t_in, t_w = (op_time(part * k, c.backward_bytes * part / bwd_flops, profile, dtype,

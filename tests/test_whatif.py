@@ -313,7 +313,7 @@ def test_half_precision_matmuls_hold_float32_buffers_on_the_cpu(method):
     assert any("float32 copies" in n for n in ests["upcast"].notes)
     assert any("float32 buffer of the result" in n for n in ests["accumulate"].notes)
     assert not any("bfloat16 matrix products" in n for n in ests["native"].notes)
-    # this machine's profile is one of the two
+    # this machine's profile is one of the three
     expected = ("upcast" if not devices.cpu_native_bfloat16()
                 else "amx" if "amx_bf16" in devices.cpu_flags() else "accumulate")
     here = memscope.estimate(model, batch, optimizer="sgd", device="cpu", method=method)
