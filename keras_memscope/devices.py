@@ -86,6 +86,14 @@ def cpu_native_bfloat16() -> bool:
     return cpu_uses_onednn() and bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
+def cpu_amx_bfloat16() -> bool:
+    """Whether this CPU multiplies bfloat16 with AMX tiles (``amx_bf16``
+    among its flags): oneDNN's bfloat16 weight gradients there hold no
+    float32 buffer of the gradient (``benchmarks/matmul_scratch.py`` on an
+    Intel Xeon with AMX-BF16), where its AVX512_BF16 kernels hold one."""
+    return "amx_bf16" in cpu_flags()
+
+
 def cpu_onednn_runs(dtype: str = "float32") -> bool:
     """Whether TensorFlow runs oneDNN's kernels on this CPU for tensors of
     ``dtype``: float32 wherever it uses oneDNN, bfloat16 where the CPU has
@@ -382,8 +390,7 @@ def _cpu_profile() -> DeviceProfile:
         weight_grad_lag=1, op_time_sigma=0.33, order_histories=10,
         upcast_dtypes=tuple(dt for dt in ("float16", "bfloat16") if not cpu_onednn_runs(dt)),
         accumulate_dtypes=("bfloat16",) if native_bf16 else (),
-        gradient_buffer_dtypes=(("bfloat16",) if native_bf16 and "amx_bf16" not in cpu_flags()
-                                else ()),
+        gradient_buffer_dtypes=("bfloat16",) if native_bf16 and not cpu_amx_bfloat16() else (),
         reference_kernels=cpu_reference_kernels(),
         fresh_pages_above=None if _cpu_bfc() else 32 * MiB,
         source=("this machine's available RAM; overhead: resident set right after "

@@ -552,9 +552,8 @@ def estimate(
                    else state.update_temporaries)
     # after the backward pass the update's ready ops run together (both threads)
     final_temporaries = max(temporaries, state.final_update_peak - state.early_temporaries - 1)
-    dtypes = call_dtypes
-    backward_time = _ordering_seconds(timing.backward_seconds, profile, dtypes)
-    forward_time = _ordering_seconds(timing.forward_seconds, profile, dtypes)
+    backward_time = _ordering_seconds(timing.backward_seconds, profile, call_dtypes)
+    forward_time = _ordering_seconds(timing.forward_seconds, profile, call_dtypes)
     sparse_sizes, scatters = _sparse_update(opt, ops)
     step = functools.partial(
         simulate,
@@ -619,8 +618,8 @@ def estimate(
         notes += _loop_notes(loop_backlog, loop_extra)
 
     timed = timing.has_timing(profile)
-    times = timing.layer_times(result.costs, profile, dtypes) if timed else None
-    flops = timing.layer_times(result.costs, _UNTIMED, dtypes) if not timed else times
+    times = timing.layer_times(result.costs, profile, call_dtypes) if timed else None
+    flops = timing.layer_times(result.costs, _UNTIMED, call_dtypes) if not timed else times
     records = _layer_records(graph, ops, rule_names, result.layer_saved_bytes,
                              result.layer_workspace_bytes, flops, timed)
     if method == "graph" and profile.kind == "cpu":

@@ -865,7 +865,7 @@ def test_bfloat16_matmul_holds_a_float32_result_not_copies():
     out16, out32, kernel32 = 2 * rows * units, 4 * rows * units, 4 * depth * units
     assert fc.count(out16) >= 1, fc
     assert [n for n in fc if out32 <= n < out32 + 4096], fc
-    amx = "amx_bf16" in memscope.devices.cpu_flags()
+    amx = memscope.devices.cpu_amx_bfloat16()
     buffers = [n for n in grad if kernel32 <= n < kernel32 + 2**20]
     assert (not buffers) if amx else buffers, grad
     assert memscope.get_device("cpu").gradient_buffer_dtypes == (() if amx else ("bfloat16",))

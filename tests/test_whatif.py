@@ -315,7 +315,7 @@ def test_half_precision_matmuls_hold_float32_buffers_on_the_cpu(method):
     assert not any("bfloat16 matrix products" in n for n in ests["native"].notes)
     # this machine's profile is one of the three
     expected = ("upcast" if not devices.cpu_native_bfloat16()
-                else "amx" if "amx_bf16" in devices.cpu_flags() else "accumulate")
+                else "amx" if devices.cpu_amx_bfloat16() else "accumulate")
     here = memscope.estimate(model, batch, optimizer="sgd", device="cpu", method=method)
     assert here.peak_bytes == ests[expected].peak_bytes
     # float32 matmuls make no copies
