@@ -1420,6 +1420,133 @@ def hourglass() -> keras.Model:
     return model
 
 
+class _FourierMix(layers.Layer):
+    """FNet's token mixing: the real part of the 2-D Fourier transform over
+    the sequence and the hidden axis."""
+
+    def call(self, x):
+        real, _ = keras.ops.fft2((x, keras.ops.zeros_like(x)))
+        return real
+
+
+def fnet() -> keras.Model:
+    """FNet over 128 tokens of a 2000-word vocabulary: embeddings of 128, two
+    blocks of Fourier mixing and a GELU feed-forward network of 512, each
+    added back and layer-normalized; mean over tokens, 4 classes."""
+    tokens = keras.Input((128,), dtype="int32")
+    x = layers.Embedding(2000, 128)(tokens)
+    for _ in range(2):
+        x = layers.LayerNormalization()(layers.Add()([x, _FourierMix()(x)]))
+        h = layers.Dense(128)(layers.Dense(512, activation="gelu")(x))
+        x = layers.LayerNormalization()(layers.Add()([x, h]))
+    return keras.Model(tokens, layers.Dense(4)(layers.GlobalAveragePooling1D()(x)),
+                       name="fnet")
+
+
+class _Routing(layers.Layer):
+    """Capsules routed by agreement (Sabour et al. 2017): every input
+    capsule's prediction for every output capsule through its own matrix,
+    three iterations of softmax over the outputs and squashed weighted
+    sums."""
+
+    def __init__(self, capsules: int, dim: int, iterations: int = 3, **kwargs):
+        super().__init__(**kwargs)
+        self.capsules, self.dim, self.iterations = capsules, dim, iterations
+
+    def build(self, input_shape):
+        self.w = self.add_weight(shape=(input_shape[1], self.capsules, input_shape[2],
+                                        self.dim), initializer="glorot_uniform")
+
+    def call(self, u):
+        ops = keras.ops
+        u_hat = ops.einsum("bid,ijde->bije", u, self.w)
+        logits = ops.zeros_like(u_hat[..., 0])
+        for i in range(self.iterations):
+            c = ops.softmax(logits, axis=2)
+            v = _squash(ops.einsum("bij,bije->bje", c, u_hat))
+            if i + 1 < self.iterations:
+                logits = logits + ops.einsum("bije,bje->bij", u_hat, v)
+        return v
+
+
+def _squash(s, axis: int = -1):
+    ops = keras.ops
+    norm2 = ops.sum(ops.square(s), axis=axis, keepdims=True)
+    return s * norm2 / (1.0 + norm2) / ops.sqrt(norm2 + 1e-7)
+
+
+def _margin_loss(y_true, y_pred):
+    """The capsule network's margin loss on the output capsules' lengths."""
+    ops = keras.ops
+    present = y_true * ops.square(ops.relu(0.9 - y_pred))
+    absent = 0.5 * (1.0 - y_true) * ops.square(ops.relu(y_pred - 0.1))
+    return ops.sum(present + absent, axis=-1)
+
+
+def capsnet() -> keras.Model:
+    """A capsule network on 28 x 28 x 1 images: a 9 x 9 Conv2D of 128, 576
+    primary capsules of 8 from a stride-2 9 x 9 Conv2D, routing by
+    agreement to 10 capsules of 16, their lengths compiled with the margin
+    loss (a Python function)."""
+    inputs = keras.Input((28, 28, 1))
+    x = layers.Conv2D(128, 9, activation="relu")(inputs)
+    x = layers.Conv2D(16 * 8, 9, strides=2)(x)
+    u = layers.Lambda(lambda t: _squash(keras.ops.reshape(t, (-1, 6 * 6 * 16, 8))))(x)
+    v = _Routing(10, 16)(u)
+    lengths = layers.Lambda(lambda t: keras.ops.sqrt(
+        keras.ops.sum(keras.ops.square(t), axis=-1) + 1e-7))(v)
+    model = keras.Model(inputs, lengths, name="capsnet")
+    model.compile(loss=_margin_loss)
+    return model
+
+
+def inceptionresnet() -> keras.Model:
+    """Keras' InceptionResNetV2, untrained, on 96 x 96 x 3 images, 10
+    classes."""
+    return keras.applications.InceptionResNetV2(weights=None, input_shape=(96, 96, 3),
+                                                classes=10)
+
+
+def resizer() -> keras.Model:
+    """A CNN that upsamples inside: a Conv2D of 16 on 64 x 64 x 3, bilinear
+    Resizing to 96 x 96, two stride-2 Conv2D with leaky clipped ReLUs
+    (``ReLU(max_value=6, negative_slope=0.1)``), global average pooling, a
+    Softmax layer on 10 logits, compiled with the KL divergence."""
+    inputs = keras.Input((64, 64, 3))
+    x = layers.Conv2D(16, 3, padding="same", activation="relu")(inputs)
+    x = layers.Resizing(96, 96, interpolation="bilinear")(x)
+    for filters in (32, 64):
+        x = layers.Conv2D(filters, 3, strides=2, padding="same")(x)
+        x = layers.ReLU(max_value=6.0, negative_slope=0.1)(x)
+    x = layers.Dense(10)(layers.GlobalAveragePooling2D()(x))
+    model = keras.Model(inputs, layers.Softmax()(x), name="resizer")
+    model.compile(loss="kl_divergence")
+    return model
+
+
+class _PrefixMean(layers.Layer):
+    """The running mean over the positions so far (a cumulative sum over the
+    sequence axis, divided by the position)."""
+
+    def call(self, x):
+        steps = keras.ops.arange(1, keras.ops.shape(x)[1] + 1, dtype=x.dtype)
+        return keras.ops.cumsum(x, axis=1) / steps[None, :, None]
+
+
+def prefixlm() -> keras.Model:
+    """A causal language model over 256 tokens of a 1000-word vocabulary
+    without attention: embeddings of 256, two blocks mixing tokens by a
+    gated running mean (``cumsum``), each added back and layer-normalized;
+    next-word logits at every position."""
+    tokens = keras.Input((256,), dtype="int32")
+    x = layers.Embedding(1000, 256)(tokens)
+    for _ in range(2):
+        gate = layers.Dense(256, activation="sigmoid")(x)
+        mixed = _PrefixMean()(layers.Multiply()([gate, layers.Dense(256)(x)]))
+        x = layers.LayerNormalization()(layers.Add()([x, layers.Dense(256)(mixed)]))
+    return keras.Model(tokens, layers.Dense(1000)(x), name="prefixlm")
+
+
 ZOO = {f.__name__: f for f in (mlp, cnn, resnet50, mobilenetv2, vgg16, densenet121, lstm,
                                transformer)}
 HELD_OUT = {f.__name__: f for f in (unet, gru, vit, separable)}
@@ -1444,6 +1571,7 @@ UNPLANNED = {f.__name__: f for f in (tiedlm, multihead, grudrop, efficientnetb2)
 UNFORESEEN = {f.__name__: f for f in (lstmdrop, birnnsum, cropnet, ropeattn, topkpool)}
 UNEXPECTED = {f.__name__: f for f in (imgattn, dwmult, rmsmlp, sincnet, cosreg)}
 UNANTICIPATED = {f.__name__: f for f in (bf16mixer, stackedgru, pointnet, hourglass)}
+UNMAPPED = {f.__name__: f for f in (fnet, capsnet, inceptionresnet, resizer, prefixlm)}
 
 
 # --- large models, estimated without building their weights ------------------
