@@ -101,20 +101,31 @@ _KEEPS_SPLAT = {"Cast", "Neg", "Reciprocal", "Mul", "RealDiv", "Div", "DivNoNan"
                 "Add", "Sub", "Maximum", "Minimum", "BroadcastTo", "Tile", "Reshape",
                 "ExpandDims", "Squeeze", "Identity", "Snapshot", "Transpose", "Square",
                 "Sqrt", "Rsqrt", "Exp", "Log", "StopGradient"}
+#: Ops whose result is all zeros when their data inputs are.
+_KEEPS_ZEROS = {"Fill", "Cast", "Neg", "BroadcastTo", "Tile", "Reshape", "ExpandDims",
+                "Squeeze", "Identity", "Snapshot", "Transpose", "StopGradient", "AddV2",
+                "Add", "Square"}
+#: Additions that grappler's constant folding replaces by their other input
+#: where one input is all zeros and the other has the result's shape
+#: (``x + zeros`` -> ``x``; for a subtraction only ``x - zeros``): the zeros
+#: are then read by nothing and not held.
+_ZERO_ADDITIONS = {"AddV2": (0, 1), "Add": (0, 1), "Sub": (1,)}
 #: Ops whose inputs at these positions are data (the rest, shapes and axes).
 _DATA_INPUTS = {"BroadcastTo": (0,), "Tile": (0,), "Reshape": (0,), "ExpandDims": (0,),
                 "Transpose": (0,), "Fill": (1,)}
 
 
-def _constants(ops: Sequence[Any]) -> tuple[dict[str, bool], dict[str, str]]:
+def _constants(ops: Sequence[Any]) -> tuple[dict[str, bool], dict[str, str], set[str]]:
     """The tensors among ``ops``' outputs that grappler can compute before
     the step runs (from constants and static shapes only), each with whether
     it is one repeated value, and a key that is equal for two tensors
-    grappler would merge (same computation, shape and type)."""
+    grappler would merge (same computation, shape and type); and the names
+    of those that are all zeros."""
     import numpy as np
 
     splat: dict[str, bool] = {}
     key: dict[str, str] = {}
+    zeros: set[str] = set()
     for op in ops:
         if op._is_stateful or op.type in ("Placeholder", "VarHandleOp", "ReadVariableOp"):
             continue
@@ -126,6 +137,8 @@ def _constants(ops: Sequence[Any]) -> tuple[dict[str, bool], dict[str, str]]:
             for t in outs:
                 splat[t.name] = op.type in ("ZerosLike", "OnesLike")
                 key[t.name] = f"{op.type}{shapes}:{t.dtype.name}:{t.value_index}"
+                if op.type == "ZerosLike":
+                    zeros.add(t.name)
             continue
         if op.type == "Const":
             import tensorflow as tf
@@ -136,6 +149,8 @@ def _constants(ops: Sequence[Any]) -> tuple[dict[str, bool], dict[str, str]]:
             flat = np.asarray(value).ravel()
             one = flat.size > 0 and bool((flat == flat[0]).all())
             splat[outs[0].name] = one
+            if one and flat[0] == 0:
+                zeros.add(outs[0].name)
             shown = repr(flat[0]) if one else str(hash(flat.tobytes()))
             key[outs[0].name] = f"Const{tuple(outs[0].shape)}:{outs[0].dtype.name}:{shown}"
             continue
@@ -149,7 +164,10 @@ def _constants(ops: Sequence[Any]) -> tuple[dict[str, bool], dict[str, str]]:
                 splat[op.inputs[i].name] for i in data if i < len(op.inputs))
             key[t.name] = (f"{op.type}{attrs}({','.join(key[x.name] for x in op.inputs)})"
                            f":{t.value_index}")
-    return splat, key
+            if op.type in _KEEPS_ZEROS and all(op.inputs[i].name in zeros
+                                               for i in data if i < len(op.inputs)):
+                zeros.add(t.name)
+    return splat, key, zeros
 
 
 def folded_constants(ops: Sequence[Any], results: Sequence[Any] = (),
@@ -167,18 +185,19 @@ def folded_constants(ops: Sequence[Any], results: Sequence[Any] = (),
     (allocator traces of an LSTM's and a GRU's steps: their kernel-shaped
     zeros are not alive between steps, the forward loop's zero initial
     states are)."""
-    return _fold(ops, *_constants(ops), results, gradient_loops)
+    return _fold(ops, *_constants(ops), results=results, gradient_loops=gradient_loops)
 
 
 def _fold(ops: Sequence[Any], splat: dict[str, bool], key: dict[str, str],
-          results: Sequence[Any] = (), gradient_loops: Collection[str] = ()
-          ) -> tuple[tuple[str, int], ...]:
+          zeros: Collection[str] = (), results: Sequence[Any] = (),
+          gradient_loops: Collection[str] = ()) -> tuple[tuple[str, int], ...]:
     """:func:`folded_constants` from ``ops``' constant tensors (``_constants``)."""
     frontier: list[Any] = []
     for op in ops:
         if all(t.name in key for t in op.outputs) or op.name in gradient_loops:
             continue  # a constant computation: folded with its inputs
-        frontier.extend(t for t in op.inputs if t.name in key)
+        frontier.extend(t for t in op.inputs
+                        if t.name in key and not _added_zeros(op, t, zeros))
     frontier.extend(t for t in results if t.name in key)
     found: dict[str, int] = {}
     seen: set[str] = set()
@@ -194,6 +213,25 @@ def _fold(ops: Sequence[Any], splat: dict[str, bool], key: dict[str, str],
         else:
             frontier.extend(x for x in t.op.inputs if x.name in key)
     return tuple(sorted(found.items()))
+
+
+def _added_zeros(op: Any, t: Any, zeros: Collection[str]) -> bool:
+    """Whether ``t`` is zeros that ``op`` adds to (or subtracts from) an input
+    of its result's shape, an addition grappler removes (its arithmetic
+    simplification in constant folding: an allocator trace of a capsule
+    network, whose routing logits start as ``zeros_like`` and are added to
+    at once, holds the softmax of the zeros between steps and not the
+    zeros)."""
+    positions = _ZERO_ADDITIONS.get(op.type)
+    if not positions or t.name not in zeros or len(op.inputs) != 2:
+        return False
+    at = [i for i in positions if op.inputs[i] is t]
+    if not at:
+        return False
+    other = op.inputs[1 - at[0]]
+    out = op.outputs[0].shape
+    return (other.shape.is_fully_defined() and out.is_fully_defined()
+            and tuple(other.shape) == tuple(out))
 
 
 def traced_constants(call: CallRecord) -> tuple[tuple[str, int], ...]:
@@ -1565,10 +1603,10 @@ def trace_loss(fn: Any, shape: tuple[int, ...], dtype: str, sparse: bool) -> Any
     forward, backward = _hoist_ready(ops[:split], ops[split:])
     pred = next(op.outputs[0] for op in ops if op.type == "Placeholder"
                 and op.outputs[0].dtype.is_floating and tuple(op.outputs[0].shape) == shape)
-    splat, constant = _constants(ops)
+    splat, constant, zeros = _constants(ops)
     spec = _loss_liveness(forward, backward, graph.outputs[0], pred,
                           functools.partial(LossSpec, constants=_fold(ops, splat, constant,
-                                                                       graph.outputs)),
+                                                                       zeros, graph.outputs)),
                           set(constant))
     _LOSS_CACHE[key] = spec
     return spec

@@ -54,6 +54,50 @@ def test_no_constant_from_data_or_shapes_alone():
     assert found == {}
 
 
+def test_zeros_added_to_data_of_the_results_shape_are_not_held():
+    """Grappler's constant folding replaces ``x + zeros`` by ``x`` where ``x``
+    has the result's shape: the zeros are then read by nothing and not held,
+    while what they alone make (a softmax of them) is. Broadcast into a
+    larger result, or subtracted from, they stay."""
+    n = 256
+    found = _constants(lambda x: tf.reduce_sum(
+        tf.nn.softmax(tf.zeros_like(x)) * (tf.zeros_like(x) + x * 2.0)), (n, n))
+    assert list(found.values()) == [n * n * 4]  # the softmax alone
+    broadcast = _constants(lambda x: tf.reduce_sum(tf.zeros((n, n)) + x[:1] * 2.0), (n, n))
+    assert list(broadcast.values()) == [n * n * 4]
+    subtracted = _constants(lambda x: tf.reduce_sum(tf.zeros_like(x) - x * 2.0), (n, n))
+    assert list(subtracted.values()) == [n * n * 4]
+
+
+class _StartsFromZeros(layers.Layer):
+    """Logits that start as zeros and are added to at once, as a capsule
+    network's routing does, weighted by the softmax of the zeros."""
+
+    def call(self, x):
+        logits = keras.ops.zeros_like(x)
+        return (logits + keras.ops.tanh(x)) * keras.ops.softmax(logits, axis=-1)
+
+
+def test_a_softmax_of_zeros_is_held_and_the_zeros_added_to_are_not():
+    """Measured in fresh processes (BFC allocator): before a step the
+    allocator holds the weights, the batch and the softmax of the zeros (1
+    MiB), not the zeros themselves (another 1 MiB: an allocator trace shows
+    them made and freed while the step's function is optimized)."""
+    inputs = keras.Input((64, 256))
+    x = _StartsFromZeros()(layers.Dense(256)(inputs))
+    model = keras.Model(inputs, layers.Dense(3)(x), name="starts_from_zeros")
+    est = memscope.estimate(model, 16, optimizer="sgd", device="cpu")
+    one = 16 * 64 * 256 * 4
+    # (and the loss gradient's small constants)
+    assert one <= est.constants_bytes < one + 64 * 1024
+    # the allocator's count between steps, in its chunks (held_bytes)
+    measured = [memscope.measure(model, 16, optimizer="sgd", steps=2, device="cpu")
+                for _ in range(2)]
+    for m in measured:
+        assert abs(m.persistent_bytes / est.held_bytes - 1) <= 0.05, (
+            m.persistent_bytes, est.held_bytes)
+
+
 def _token_logits() -> keras.Model:
     inputs = keras.Input((32,), dtype="int32")
     x = layers.Embedding(100, 16)(inputs)
