@@ -57,7 +57,11 @@ place:
 * ``updates-take-time``: an optimizer update made while the step goes on
   holds its gradient and one variable-sized temporary for its simulated
   seconds, beside what is allocated meanwhile
-  (``keras_memscope.schedule.UPDATES_TAKE_TIME``).
+  (``keras_memscope.schedule.UPDATES_TAKE_TIME``);
+* ``saved-inputs-donate``: an element-wise prim without weights writes an
+  input gradient into a tensor it saved for its gradient when nothing else
+  reads that tensor any more, where the output gradient's buffer is taken
+  (``keras_memscope.schedule.SAVED_INPUTS_DONATE``).
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ from typing import Any
 
 VARIANTS = ("first-chunk", "matmul-shapes", "onednn-speeds", "ratio", "add-pass-through",
             "read-together", "update-busy", "onednn-conv-ratios", "weight-gradient-first",
-            "timed-copies", "six-steps", "updates-take-time")
+            "timed-copies", "six-steps", "updates-take-time", "saved-inputs-donate")
 #: the kernels ``weight-gradient-first`` starts first
 FIRST_KERNELS = frozenset({"conv", "conv_transpose", "matmul"})
 #: the variants that set a switch of ``keras_memscope.schedule``: its name and value
@@ -82,6 +86,7 @@ SCHEDULE_SWITCHES: dict[str, tuple[str, Any]] = {
     "updates-take-time": ("UPDATES_TAKE_TIME", True),
     "update-busy": ("UPDATES_HOLD_THE_THREAD", True),
     "read-together": ("SIDE_BY_SIDE_GRADIENTS", True),
+    "saved-inputs-donate": ("SAVED_INPUTS_DONATE", True),
 }
 
 G = 1e9

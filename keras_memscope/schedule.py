@@ -302,6 +302,16 @@ TIMED_COPIES = False
 #: Tried (``benchmarks.ordering_variants --variants updates-take-time``) and
 #: not adopted: benchmarks/RESULTS.md, "An update that takes time".
 UPDATES_TAKE_TIME = False
+#: Whether an element-wise prim without weights writes an input gradient
+#: into a tensor it saved for its gradient when nothing else reads that
+#: tensor any more (TensorFlow's kernels forward an input whose buffer has
+#: no other reader: an allocator trace of FNet b128 makes no new 32 MiB
+#: buffer in the GELU's gradient). False: only the output gradient's buffer
+#: is taken over, and the GELU's second product gets one of its own, as an
+#: allocator trace of a smaller GELU network shows. Tried (``--variants
+#: saved-inputs-donate``) and not adopted: benchmarks/RESULTS.md, "A GELU
+#: gradient written into its forward tensors (tried, not adopted)".
+SAVED_INPUTS_DONATE = False
 
 
 def _addition_trees(flats: Sequence[_Flat], made: dict[int, int]) -> dict[int, set[int]]:
@@ -1377,6 +1387,13 @@ def simulate(
                             and update_busy[0] <= clock)
             reusable = ([b for b in out_grads if not grad_shares[b]]
                         if p.grad_inplace and not side_by_side else [])
+            # the tensors saved for this gradient alone (no weight gradient
+            # reads them), which an input gradient may be written into
+            donors = ([s for s in dict.fromkeys(f.saved)
+                       if s in buffer_of and s not in shared_input and holders[s] == 1
+                       and sim.buffers[buffer_of[s]].live_tensors == 1]
+                      if SAVED_INPUTS_DONATE and p.grad_inplace and not wts
+                      and not side_by_side else [])
             passed = ([t for t in xts if round_up(tensor_bytes[t], granule)
                        == sim.buffers[out_grads[0]].nbytes]
                       if p.name in PASS_THROUGH_GRADIENTS and len(out_grads) == 1 else [])
@@ -1394,10 +1411,19 @@ def simulate(
                     continue
                 nbytes = round_up(tensor_bytes[t], granule)
                 bid = next((b for b in reusable if sim.buffers[b].nbytes == nbytes), None)
+                donor = next((s for s in donors if sim.buffers[buffer_of[s]].nbytes == nbytes),
+                             None) if bid is None else None
                 if bid is not None:
                     reusable.remove(bid)
                     out_grads.remove(bid)
                     sim.buffers[bid].layer = op.name
+                elif donor is not None:
+                    # (its hold stays, to be let go of at the job's end: the
+                    # tensor no longer has the buffer)
+                    donors.remove(donor)
+                    bid = buffer_of.pop(donor)
+                    sim.buffers[bid].live_tensors = 0
+                    sim.buffers[bid].layer, sim.buffers[bid].kind = op.name, GRADIENT
                 else:
                     bid = sim.alloc(tensor_bytes[t], op.name, GRADIENT)
                 partial[t].append(bid)

@@ -995,3 +995,26 @@ def test_lstm_with_dropout_against_measurement():
     from benchmarks.zoo import lstmdrop
 
     assert_loop_within_its_bound(lstmdrop(), 32, "adam")
+
+
+def test_saved_inputs_donate_writes_a_gelu_gradient_into_its_forward_tensors(monkeypatch):
+    """``schedule.SAVED_INPUTS_DONATE`` (tried, not adopted): the GELU's
+    gradient products go into the forward tensors only they read, so no
+    simulated order makes a new activation-sized buffer there; off, the
+    orders in which the next layer's kernel gradient still holds the GELU's
+    output make one more (benchmarks/RESULTS.md, "A GELU gradient written
+    into its forward tensors")."""
+    from keras_memscope import schedule
+
+    def model():
+        inputs = keras.Input((128, 64))
+        h = layers.Dense(256, activation="gelu")(inputs)
+        return keras.Model(inputs, layers.Dense(8)(layers.Dense(64)(h)))
+
+    size = 64 * 128 * 256 * 4
+    off = memscope.estimate(model(), 64, optimizer="sgd", device="cpu")
+    monkeypatch.setattr(schedule, "SAVED_INPUTS_DONATE", True)
+    on = memscope.estimate(model(), 64, optimizer="sgd", device="cpu")
+    assert max(off.history_peaks) - min(off.history_peaks) >= size
+    assert max(on.history_peaks) - min(on.history_peaks) < size / 2
+    assert on.peak_bytes <= off.peak_bytes - size
