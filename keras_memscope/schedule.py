@@ -866,6 +866,16 @@ def simulate(
             buffer_of[t] = bid
             sim.buffers[bid].live_tensors += 1
 
+        def sole_buffer(t: int) -> int | None:
+            """The buffer of ``t`` where an op may write into it: ``t`` is its
+            only tensor and its last hold is the reader asking (not a model
+            input or weight, which the step does not own)."""
+            bid = buffer_of.get(t)
+            if (bid is None or t in external or holders[t] != 1
+                    or sim.buffers[bid].live_tensors != 1):
+                return None
+            return bid
+
         def release(t: int) -> None:
             holders[t] -= 1
             if holders[t] == 0 and t in buffer_of:
@@ -898,15 +908,8 @@ def simulate(
                 if i == 0 and p.inplace:
                     taken = False
                     for ref in p.inplace:
-                        src = f.ins[p.inputs.index(ref)]
-                        bid = buffer_of.get(src)
-                        if (
-                            bid is not None
-                            and src not in external
-                            and holders[src] == 1
-                            and sim.buffers[bid].live_tensors == 1
-                            and sim.buffers[bid].nbytes == round_up(nbytes, granule)
-                        ):
+                        bid = sole_buffer(f.ins[p.inputs.index(ref)])
+                        if bid is not None and sim.buffers[bid].nbytes == round_up(nbytes, granule):
                             sim.buffers[bid].layer = op.name
                             sim.buffers[bid].kind = ACTIVATION
                             attach(t, bid)
@@ -992,9 +995,7 @@ def simulate(
         for t, spec in zip(model_outputs, losses):
             # the buffer the output's gradient is written into (None: made by
             # the loss's gradient ops), and what else the loss keeps
-            reused = (spec.output_reused and holders[t] == 1 and t in buffer_of
-                      and t not in external
-                      and sim.buffers[buffer_of[t]].live_tensors == 1)
+            reused = spec.output_reused and sole_buffer(t) is not None
             if reused:  # the output's own buffer
                 bid = buffer_of.pop(t)
                 holders[t] = 0
@@ -1390,8 +1391,7 @@ def simulate(
             # the tensors saved for this gradient alone (no weight gradient
             # reads them), which an input gradient may be written into
             donors = ([s for s in dict.fromkeys(f.saved)
-                       if s in buffer_of and s not in shared_input and holders[s] == 1
-                       and sim.buffers[buffer_of[s]].live_tensors == 1]
+                       if s not in shared_input and sole_buffer(s) is not None]
                       if SAVED_INPUTS_DONATE and p.grad_inplace and not wts
                       and not side_by_side else [])
             passed = ([t for t in xts if round_up(tensor_bytes[t], granule)

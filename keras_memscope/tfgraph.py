@@ -225,7 +225,7 @@ def _added_zeros(op: Any, t: Any, zeros: Collection[str]) -> bool:
     positions = _ZERO_ADDITIONS.get(op.type)
     if not positions or t.name not in zeros or len(op.inputs) != 2:
         return False
-    at = [i for i in positions if op.inputs[i] is t]
+    at = [i for i in positions if op.inputs[i].name == t.name]
     if not at:
         return False
     other = op.inputs[1 - at[0]]
