@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 MIB = 2**20
 #: the bytes of the tensor ``real_events(..., mark_steps=True)`` makes before
@@ -83,11 +84,13 @@ def real_events(model: str, batch: int, optimizer: str, steps: int,
 def simulated_events(model: str, batch: int, optimizer: str) -> list[tuple]:
     """The same events from the estimate's simulated allocators, each event
     named by the simulation it belongs to (the step's, and where the
-    estimate runs another, such as a recurrent loop's worst case, that one)."""
+    estimate runs another, such as a recurrent loop's worst case, that one)
+    and by the layer and kind of the simulated buffer it is part of (none
+    for the weights, batch and optimizer state made before the step)."""
     import keras_memscope as memscope
     from benchmarks.accuracy import named_optimizer
     from benchmarks.zoo import named
-    from keras_memscope import allocator
+    from keras_memscope import allocator, schedule
 
     built = named(model)
     out: list[tuple] = []
@@ -95,6 +98,8 @@ def simulated_events(model: str, batch: int, optimizer: str) -> list[tuple]:
     runs: dict[int, int] = {}  # each simulated allocator, numbered as it is first used
     held: list[allocator.BFCModel] = []  # kept, so that no later one takes an id of theirs
     alloc, free = allocator.BFCModel.alloc, allocator.BFCModel.free
+    sim_alloc = schedule._Simulator.alloc
+    making = [""]  # the simulated buffer being made: its layer and kind
 
     def traced_alloc(self: allocator.BFCModel, nbytes: int) -> tuple[int, int]:
         handle, chunk = alloc(self, nbytes)
@@ -102,21 +107,32 @@ def simulated_events(model: str, batch: int, optimizer: str) -> list[tuple]:
             runs[id(self)] = len(runs)
             held.append(self)
         run = runs[id(self)]
-        sizes[run, handle] = (nbytes, chunk)
-        out.append((True, handle, nbytes, chunk, f"simulation {run}"))
+        name = f"simulation {run}" + (f" {making[0]}" if making[0] else "")
+        sizes[run, handle] = (nbytes, chunk, name)
+        out.append((True, handle, nbytes, chunk, name))
         return handle, chunk
 
     def traced_free(self: allocator.BFCModel, handle: int) -> None:
         free(self, handle)
         run = runs[id(self)]
-        out.append((False, handle, *sizes.pop((run, handle)), f"simulation {run}"))
+        out.append((False, handle, *sizes.pop((run, handle))))
+
+    def named_alloc(self: Any, nbytes: int, layer: str, kind: str, *args: Any,
+                    **kwargs: Any) -> int:
+        making[0] = f"{layer} ({kind})"
+        try:
+            return sim_alloc(self, nbytes, layer, kind, *args, **kwargs)
+        finally:
+            making[0] = ""
 
     allocator.BFCModel.alloc, allocator.BFCModel.free = traced_alloc, traced_free
+    schedule._Simulator.alloc = named_alloc  # type: ignore[method-assign]
     try:
         est = memscope.estimate(built, batch, optimizer=named_optimizer(optimizer), device="cpu",
                                 method="graph")
     finally:
         allocator.BFCModel.alloc, allocator.BFCModel.free = alloc, free
+        schedule._Simulator.alloc = sim_alloc  # type: ignore[method-assign]
     print(f"estimate: {est.peak_bytes / MIB:.2f} MiB; simulated orders "
           + ", ".join(f"{p / MIB:.1f}" for p in est.history_peaks))
     return out
@@ -144,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     in_use: dict[str, int] = {}  # by simulation (one for a real run)
     for allocated, addr, requested, chunk, op in events:
-        run = op if options.source == "estimate" else ""
+        run = " ".join(op.split()[:2]) if options.source == "estimate" else ""
         in_use[run] = in_use.get(run, 0) + (chunk if allocated else -chunk)
         if requested >= options.min_kib * 1024:
             print(f"{'+' if allocated else '-'} {requested / MIB:9.4f} MiB (chunk "

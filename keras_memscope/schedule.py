@@ -248,7 +248,8 @@ _ADDITIONS = frozenset({"AddV2", "Add", "add"})
 #: input). Empty: each further input's gradient gets a buffer of its own.
 #: Tried with the additions and AddN (``benchmarks.ordering_variants
 #: --variants add-pass-through``) and not adopted: benchmarks/RESULTS.md,
-#: "Models nobody had estimated (``--unheard``)".
+#: "Models nobody had estimated (``--unheard``)" and "A broadcast product's
+#: gradient at full size".
 PASS_THROUGH_GRADIENTS: frozenset[str] = frozenset()
 #: Whether a prim whose gradient ops read its output gradient together
 #: (``Prim.grad_read_together``) writes no input gradient into it while the

@@ -351,14 +351,33 @@ def _einsum_gradient_workspaces(op: Any, backward: list[Any]) -> dict[int, int]:
     return out
 
 
+#: element-wise products whose gradient with respect to an input broadcast
+#: over the output is the full-size product of the output gradient with the
+#: other operand, summed down to the input's shape (TensorFlow's ``_MulGrad``
+#: and ``_RealDivGrad``: ``reduce_sum(grad * y, rx)``)
+_BROADCAST_PRODUCTS = frozenset({"Mul", "RealDiv", "DivNoNan"})
+
+
 def _broadcast_gradients(op: Any) -> dict[int, int]:
-    """For a batched matrix product that broadcasts an operand over batch
-    dimensions (``x @ W`` with x of shape ``(b, t, k)`` and W ``(k, n)``),
-    the bytes of that operand's gradient at the full batch, by operand
-    position: TensorFlow's gradient computes the product for every batch
-    element, ``(b, k, n)``, and sums it down to the operand's shape (a
-    mixture of experts' ``btd,edh->bteh`` at batch 32: a 4 MiB product for
-    a 128 KiB kernel, allocator trace)."""
+    """For a product that broadcasts an operand over the result, the bytes
+    of that operand's gradient before its sum, by operand position.
+
+    A batched matrix product that broadcasts an operand over batch
+    dimensions (``x @ W`` with x of shape ``(b, t, k)`` and W ``(k, n)``):
+    TensorFlow's gradient computes the product for every batch element,
+    ``(b, k, n)``, and sums it down to the operand's shape (a mixture of
+    experts' ``btd,edh->bteh`` at batch 32: a 4 MiB product for a 128 KiB
+    kernel, allocator trace). An element-wise product (``_BROADCAST_PRODUCTS``):
+    the output gradient times the other operand, the output's size (PReLU's
+    ``-alpha * relu(-x)``: ``Mul_1`` beside the input gradient's ``Mul``,
+    both 4 MiB at batch 32, allocator trace)."""
+    if op.type in _BROADCAST_PRODUCTS and len(op.inputs) == 2:
+        out = op.outputs[0].shape
+        if not out.is_fully_defined():
+            return {}
+        size = _bytes(op.outputs[0])
+        return {i: size for i, t in enumerate(op.inputs)
+                if t.shape.is_fully_defined() and t.shape.num_elements() < out.num_elements()}
     if op.type not in ("BatchMatMulV2", "BatchMatMulV3") or len(op.inputs) != 2:
         return {}
     try:
@@ -376,12 +395,12 @@ def _broadcast_gradients(op: Any) -> dict[int, int]:
 
 
 def _reduced_products(backward: Sequence[Any], owner: Callable[[Any], Any]) -> set[str]:
-    """Gradient products of a broadcasting matrix product, summed down to
-    their operand's shape: the forward prim's ``workspace_for`` holds them
+    """Gradient products of a broadcasting product, summed down to their
+    operand's shape: the forward prim's ``workspace_for`` holds them
     (``_broadcast_gradients``)."""
     found = set()
     for op in backward:
-        if (op.type in ("BatchMatMulV2", "BatchMatMulV3") and op.outputs
+        if (op.type in ("BatchMatMulV2", "BatchMatMulV3", *_BROADCAST_PRODUCTS) and op.outputs
                 and op.outputs[0].consumers()
                 and all(c.type == "Sum" for c in op.outputs[0].consumers())):
             forward = owner(op)

@@ -92,22 +92,27 @@ def test_peak_tensors_lists_what_is_alive_at_the_highest_count():
 
 def test_allocation_trace_of_an_estimate_pairs_every_free(capsys):
     from benchmarks.allocation_trace import simulated_events
-    from keras_memscope import allocator
+    from keras_memscope import allocator, schedule
 
-    alloc = allocator.BFCModel.alloc
+    alloc, sim_alloc = allocator.BFCModel.alloc, schedule._Simulator.alloc
     events = simulated_events("tests.models:seed_mlp", 32, "adam")
-    assert allocator.BFCModel.alloc is alloc  # put back
+    assert allocator.BFCModel.alloc is alloc and schedule._Simulator.alloc is sim_alloc  # put back
     assert "estimate:" in capsys.readouterr().out
-    live: dict[tuple[str, int], tuple[int, int]] = {}
-    for allocated, handle, requested, chunk, run in events:
+    live: dict[tuple[str, int], tuple[int, int, str]] = {}
+    for allocated, handle, requested, chunk, name in events:
+        run = " ".join(name.split()[:2])
         if allocated:
             assert (run, handle) not in live and chunk >= requested > 0
-            live[run, handle] = (requested, chunk)
+            live[run, handle] = (requested, chunk, name)
         else:
-            assert live.pop((run, handle)) == (requested, chunk)
+            # a free is named as its allocation
+            assert live.pop((run, handle)) == (requested, chunk, name)
     # the weights, the batch and the optimizer's state are never freed
-    kept = sum(c for (run, _), (_, c) in live.items() if run == "simulation 0")
+    kept = sum(c for (run, _), (_, c, _) in live.items() if run == "simulation 0")
     assert kept >= 3 * 131_410 * 4
+    # the step's buffers are named by layer and kind
+    named = {name.split(maxsplit=2)[2] for *_, name in events if name.count(" ") >= 2}
+    assert {"dense (activation)", "dense_2 (gradient)"} <= named, named
 
 
 def test_gradient_pairs_are_a_layers_input_and_weight_gradients():

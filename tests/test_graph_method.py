@@ -204,14 +204,38 @@ def test_normalization_partial_gradients_counted_once():
     when nothing else holds it (a convolution keeps its input, not its
     output: allocator trace of the layer-types depthwise model, whose
     estimate went from 48.0 to 40.0 MiB against 40.1 measured); a ReLU
-    before it keeps its output, the normalization's input."""
+    before it keeps its output, the normalization's input. And the scale's
+    gradient: ``x * inv`` broadcasts ``inv`` (one value a channel) over the
+    batch, so its gradient is the input-sized product of the incoming
+    gradient with ``x``, summed down afterwards (``batchnorm/mul_1/Mul_1``,
+    1 MiB beside ``x`` and the input gradient in the allocator trace of
+    this network with a Dense layer after it), a temporary of that
+    product's own prim: one input-sized tensor at a time either way."""
+    from keras_memscope.graph import trace_model
+    from keras_memscope.tfgraph import traced_prims
+
+    size = 16 * 32 * 32 * 16 * 4
     inp = keras.Input((32, 32, 16))
     x = keras.layers.Conv2D(16, 1)(inp)
-    for before, expected in ((x, 0), (keras.layers.ReLU()(x), 16 * 32 * 32 * 16 * 4)):
+    for before, free in ((x, True), (keras.layers.ReLU()(x), False)):
         model = keras.Model(inp, keras.layers.BatchNormalization()(before))
+        call = next(c for c in trace_model(model, 16).calls
+                    if type(c.layer).__name__ == "BatchNormalization")
+        prims = traced_prims(call)
+        # the partials' temporary: one input-sized tensor, or none in x
+        assert prims[0].backward_workspace_parts == (size,)
+        assert prims[0].backward_workspace_parts_if_free == ()
+        scaled = next(p for p in prims if p.name == "Mul" and "in0" in p.inputs)
+        assert [n for _, n in scaled.workspace_for] == [size]
         est = memscope.estimate(model, 16, optimizer="sgd", device="cpu", method="graph")
         norm = next(r for r in est.layers if r.class_name == "BatchNormalization")
-        assert norm.workspace_bytes == expected
+        assert norm.workspace_bytes == size
+        # where its gradient starts, the partials' temporary is written
+        # into x when x is free
+        points = list(est.timeline)
+        start = next(p.high_bytes - q.live_bytes for q, p in zip(points, points[1:])
+                     if p.phase == "backward" and p.layer == model.layers[-1].name)
+        assert (start < size) == free, (start, free)
 
 
 HLO = """HloModule m, is_scheduled=true

@@ -702,6 +702,34 @@ def test_gradient_intermediates_held_beside_all_a_layer_keeps():
     assert abs(step - most) <= 0.05 * most, (step, most)
 
 
+UNIT_NORM = r"""
+model = keras.Sequential([keras.Input((512,)), keras.layers.Dense(1024),
+                          keras.layers.UnitNormalization(), keras.layers.Dense(10)])
+model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+x, y = tf.ones((1024, 512), "float32"), tf.zeros((1024,), "int32")
+"""
+
+
+def test_a_broadcast_products_gradient_is_made_at_full_size():
+    """UnitNormalization multiplies its input by one scale a row, ``x *
+    inv`` with ``inv`` of shape ``(b, 1)``: TensorFlow's gradient with
+    respect to ``inv`` is the input-sized product of the incoming gradient
+    with ``x``, summed over the row afterwards. In the profiled steps it is
+    made beside the incoming gradient, the layer's input and its output
+    (still read by the last Dense layer's kernel gradient): four 4 MiB
+    tensors at the step's peak. The estimate holds it at the product's own
+    prim (``tfgraph._broadcast_gradients``); before, where it stood among
+    the layer's gradient intermediates, the estimate's tensors at its peak
+    were three (12.1 against 16.1 MiB)."""
+    most, made, step = _in_fresh_process(
+        PROFILED_PEAK.format(model=UNIT_NORM) + PEAK_AND_ESTIMATE.format(batch=1024))
+    size = 1024 * 1024 * 4
+    assert [op for op, n in made if n == size and op.startswith("gradient_tape")
+            and "unit_normalization" in op and "/mul/" in op], made
+    assert most >= 4 * size, (most, made)
+    assert abs(step - most) <= 0.05 * most, (step, most)
+
+
 GELU_NORM = r"""
 model = keras.Sequential([keras.Input((64, 128)), keras.layers.Dense(512, activation="gelu"),
                           keras.layers.Dense(128), keras.layers.LayerNormalization(),
