@@ -27,6 +27,7 @@ forked from one that has imported TensorFlow (``benchmarks.machine.processes``).
     python -m benchmarks.accuracy --unexpected    # written after --unforeseen was measured
     python -m benchmarks.accuracy --unanticipated # written after --unexpected was measured
     python -m benchmarks.accuracy --unmapped      # written after the five variants were run
+    python -m benchmarks.accuracy --unsurveyed    # written after the broadcast products
     python -m benchmarks.accuracy --only resnet50 --remeasure
 
 Relative error = (estimate - measured) / measured, against the highest
@@ -166,6 +167,12 @@ UNMAPPED_CONFIGS = [
     ("fnet", 32, "adam"), ("fnet", 128, "sgd"), ("capsnet", 32, "sgd-momentum"),
     ("inceptionresnet", 4, "sgd"), ("resizer", 64, "adam-clipvalue"), ("prefixlm", 32, "rmsprop"),
 ]
+# written after the broadcast products' gradients were placed at their prims;
+# measured and estimated once, with no change between
+UNSURVEYED_CONFIGS = [
+    ("senet", 32, "lion"), ("senet", 8, "sgd-nesterov"), ("siren", 4096, "lamb"),
+    ("swiglu", 16, "adam"), ("bigruattn", 64, "rmsprop"), ("bigruattn", 16, "adagrad"),
+]
 #: the sets beside the zoo, by their flag, in the order they were written
 SETS = {"held-out": HELD_OUT_CONFIGS, "unseen": UNSEEN_CONFIGS, "fresh": FRESH_CONFIGS,
         "novel": NOVEL_CONFIGS, "untried": UNTRIED_CONFIGS, "blind": BLIND_CONFIGS,
@@ -173,7 +180,8 @@ SETS = {"held-out": HELD_OUT_CONFIGS, "unseen": UNSEEN_CONFIGS, "fresh": FRESH_C
         "unknown": UNKNOWN_CONFIGS, "uncharted": UNCHARTED_CONFIGS,
         "untrodden": UNTRODDEN_CONFIGS, "unplanned": UNPLANNED_CONFIGS,
         "unforeseen": UNFORESEEN_CONFIGS, "unexpected": UNEXPECTED_CONFIGS,
-        "unanticipated": UNANTICIPATED_CONFIGS, "unmapped": UNMAPPED_CONFIGS}
+        "unanticipated": UNANTICIPATED_CONFIGS, "unmapped": UNMAPPED_CONFIGS,
+        "unsurveyed": UNSURVEYED_CONFIGS}
 #: optimizers with options, by the name a configuration gives them
 OPTIMIZERS = {
     "adam-globalclip": {"class_name": "Adam", "config": {"global_clipnorm": 1.0}},
@@ -185,6 +193,7 @@ OPTIMIZERS = {
     "adamw-amsgrad": {"class_name": "AdamW", "config": {"amsgrad": True}},
     "sgd-wd": {"class_name": "SGD", "config": {"momentum": 0.9, "weight_decay": 1e-4}},
     "sgd-momentum": {"class_name": "SGD", "config": {"momentum": 0.9}},
+    "sgd-nesterov": {"class_name": "SGD", "config": {"momentum": 0.9, "nesterov": True}},
 }
 
 
@@ -213,7 +222,7 @@ OWN_LOSS = ("gru", "unet", "autoencoder", "twotower", "skipnet", "timedistribute
             "upconv1d", "denoiser", "unet3d", "ncf", "spectral", "tokenattn", "poissonnet",
             "maskednet", "maskedmean", "widedeep", "tiedlm", "multihead", "lstmdrop",
             "birnnsum", "cropnet", "dwmult", "rmsmlp", "cosreg", "hourglass", "capsnet",
-            "resizer")
+            "resizer", "siren")
 
 
 def _key(model: str, batch: int, opt: str) -> str:

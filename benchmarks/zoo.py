@@ -1547,6 +1547,99 @@ def prefixlm() -> keras.Model:
     return keras.Model(tokens, layers.Dense(1000)(x), name="prefixlm")
 
 
+def _squeeze_excite(x, ratio: int = 4):
+    """A channel gate (Hu et al. 2018): the map's channel means through a
+    bottleneck to one sigmoid a channel, which scales the whole map."""
+    channels = x.shape[-1]
+    gate = layers.GlobalAveragePooling2D(keepdims=True)(x)
+    gate = layers.Dense(channels // ratio, activation="relu")(gate)
+    gate = layers.Dense(channels, activation="sigmoid")(gate)
+    return layers.Multiply()([x, gate])
+
+
+def senet() -> keras.Model:
+    """A squeeze-and-excitation residual CNN on 64 x 64 x 3: a Conv2D stem
+    of 32, three residual blocks (two 3 x 3 convolutions with
+    BatchNormalization, a channel gate scaling the second, the second and
+    third blocks strided with a 1 x 1 projection), global average pooling,
+    10 classes."""
+    inputs = keras.Input((64, 64, 3))
+    x = layers.Conv2D(32, 3, padding="same", activation="relu")(inputs)
+    for filters, stride in ((32, 1), (64, 2), (128, 2)):
+        h = layers.Conv2D(filters, 3, strides=stride, padding="same", use_bias=False)(x)
+        h = layers.Activation("relu")(layers.BatchNormalization()(h))
+        h = layers.BatchNormalization()(layers.Conv2D(filters, 3, padding="same",
+                                                      use_bias=False)(h))
+        h = _squeeze_excite(h)
+        if stride != 1 or x.shape[-1] != filters:
+            x = layers.Conv2D(filters, 1, strides=stride)(x)
+        x = layers.Activation("relu")(layers.Add()([x, h]))
+    return keras.Model(inputs, layers.Dense(10)(layers.GlobalAveragePooling2D()(x)),
+                       name="senet")
+
+
+def siren() -> keras.Model:
+    """An implicit image (Sitzmann et al. 2020): 2-D coordinates through four
+    Dense layers of 256 with sine activations (``sin(30 x)``), three
+    colours out, compiled with the mean squared error."""
+    coords = keras.Input((2,))
+    x = coords
+    for _ in range(4):
+        x = layers.Lambda(lambda t: keras.ops.sin(30.0 * t))(layers.Dense(256)(x))
+    model = keras.Model(coords, layers.Dense(3)(x), name="siren")
+    model.compile(loss="mse")
+    return model
+
+
+class _SwiGLU(layers.Layer):
+    """A gated feed-forward block: one Dense to twice the hidden width, split
+    in two halves, ``silu(a) * b``, and a Dense back."""
+
+    def __init__(self, hidden: int, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = hidden
+
+    def build(self, input_shape):
+        self.up = layers.Dense(2 * self.hidden, use_bias=False)
+        self.down = layers.Dense(input_shape[-1], use_bias=False)
+        self.up.build(input_shape)
+        self.down.build(tuple(input_shape[:-1]) + (self.hidden,))
+
+    def call(self, x):
+        a, b = keras.ops.split(self.up(x), 2, axis=-1)
+        return self.down(keras.ops.silu(a) * b)
+
+
+def swiglu() -> keras.Model:
+    """A causal transformer over 128 tokens of 128, two pre-norm blocks with
+    ``RMSNormalization``, causal four-headed attention and a SwiGLU
+    feed-forward of 384, next-token logits over 2000 words at every
+    position."""
+    tokens = keras.Input((128,), dtype="int32")
+    x = layers.Embedding(2000, 128)(tokens)
+    for _ in range(2):
+        h = layers.RMSNormalization()(x)
+        h = layers.MultiHeadAttention(4, 32)(h, h, use_causal_mask=True)
+        x = layers.Add()([x, h])
+        h = _SwiGLU(384)(layers.RMSNormalization()(x))
+        x = layers.Add()([x, h])
+    x = layers.RMSNormalization()(x)
+    return keras.Model(tokens, layers.Dense(2000)(x), name="swiglu")
+
+
+def bigruattn() -> keras.Model:
+    """A text classifier: embeddings of 64 for 200 tokens, a bidirectional
+    GRU of 64 returning sequences, Keras' dot-product ``Attention`` of the
+    sequence over itself, concatenated with it, global max pooling, 5
+    classes."""
+    tokens = keras.Input((200,), dtype="int32")
+    x = layers.Embedding(5000, 64)(tokens)
+    h = layers.Bidirectional(layers.GRU(64, return_sequences=True))(x)
+    a = layers.Attention(use_scale=True)([h, h])
+    x = layers.GlobalMaxPooling1D()(layers.Concatenate()([h, a]))
+    return keras.Model(tokens, layers.Dense(5)(x), name="bigruattn")
+
+
 ZOO = {f.__name__: f for f in (mlp, cnn, resnet50, mobilenetv2, vgg16, densenet121, lstm,
                                transformer)}
 HELD_OUT = {f.__name__: f for f in (unet, gru, vit, separable)}
@@ -1572,6 +1665,7 @@ UNFORESEEN = {f.__name__: f for f in (lstmdrop, birnnsum, cropnet, ropeattn, top
 UNEXPECTED = {f.__name__: f for f in (imgattn, dwmult, rmsmlp, sincnet, cosreg)}
 UNANTICIPATED = {f.__name__: f for f in (bf16mixer, stackedgru, pointnet, hourglass)}
 UNMAPPED = {f.__name__: f for f in (fnet, capsnet, inceptionresnet, resizer, prefixlm)}
+UNSURVEYED = {f.__name__: f for f in (senet, siren, swiglu, bigruattn)}
 
 
 # --- large models, estimated without building their weights ------------------
