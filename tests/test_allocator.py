@@ -86,10 +86,29 @@ def test_replaying_a_real_process_gives_the_allocators_own_counts():
     TensorFlow counted. (With its regions placed upward, the replay of one
     such trace parted from TensorFlow's count at 56 of its last 116
     events; of MobileNetV2's and the Transformer's, by up to 47 MiB:
-    ``python -m benchmarks.allocator_replay``.)"""
-    from benchmarks.allocator_replay import PROFILED_RUN, record, replay
+    ``python -m benchmarks.allocator_replay``.) The events are taken in the
+    allocator's order, which the profiler's timestamps can leave for two
+    threads' events close in time (once in about thirty runs, by 256 bytes
+    at one event)."""
+    from benchmarks.allocator_replay import PROFILED_RUN, in_allocator_order, record, replay
 
-    events = record(PROFILED_RUN, ["cnn", "128", "", "4"], timeout=300)
-    assert len(events) > 1000
+    events, moved = in_allocator_order(record(PROFILED_RUN, ["cnn", "128", "", "4"],
+                                              timeout=300))
+    assert len(events) > 1000 and moved <= 4, moved
     replayed = replay(events)
     assert [e[3] for e in events] == replayed
+
+
+def test_events_put_back_in_the_allocators_order():
+    """Two events the profiler recorded the other way round (a 256-byte
+    allocation before a free whose count says it came first) are swapped
+    back; events whose counts follow from the one before stay."""
+    from benchmarks.allocator_replay import in_allocator_order
+
+    # [allocated?, address, requested, in use after, chunk]
+    real = [[True, 1, 1000, 1024, 1024], [True, 2, 2000, 3072, 2048],
+            [False, 1, 1000, 2048, 1024], [True, 3, 100, 2304, 256],
+            [False, 2, 2000, 256, 2048]]
+    recorded = [real[0], real[1], real[3], real[2], real[4]]
+    assert in_allocator_order(recorded) == (real, 1)
+    assert in_allocator_order(real) == (real, 0)
