@@ -55,8 +55,10 @@ LOOK_AHEAD = 4
 
 
 def record(code: str, args: list[str], timeout: float = 900) -> list[list]:
-    """``[allocated?, address, requested bytes, bytes in use after]`` of every
-    event of the CPU's BFC allocator while ``code`` runs in a fresh process."""
+    """What ``code``, run in a fresh process with the CPU's BFC allocator,
+    prints last, as JSON: for ``PROFILED_RUN``, ``[allocated?, address,
+    requested bytes, bytes in use after, chunk bytes]`` of every event of
+    that allocator."""
     env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPP_MIN_LOG_LEVEL="3")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
