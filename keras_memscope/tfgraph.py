@@ -952,7 +952,7 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             grad_inputs = [ref[x.name] for x, y in zip(op.inputs, op.outputs)
                            if x.name in ref and x.dtype.is_floating
                            and y.name not in out_ref and y.name not in read_forward]
-        is_view = op.type in VIEW_OPS or _identity_arithmetic(op)
+        is_view = op.type in VIEW_OPS or _identity_arithmetic(op) or _folded_transpose(op)
         workspace_for: dict[str, int] = {}
         if op.type == "Conv2D" and len(inputs) >= 2:
             filt, inp = _col_buffers(op, op.outputs[0], op.inputs[1])
@@ -1366,6 +1366,34 @@ def _identity_arithmetic(op: Any) -> bool:
         if v is not None and (v == value).all():
             return True
     return False
+
+
+#: the matrix products grappler's arithmetic optimizer folds a transpose into
+_MATMULS_TAKING_TRANSPOSES = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2",
+                                        "BatchMatMulV3"})
+
+
+def _folded_transpose(op: Any) -> bool:
+    """A transpose of the last two axes that only matrix products read:
+    grappler's arithmetic optimizer (``FoldTransposeIntoMatMul``) has each
+    product read the transpose's input with its own transpose flag, so the
+    transposed tensor is never made (Keras' ``Attention`` layer's ``key``
+    transposed for ``query @ key^T``: no forward allocation in the trace,
+    the gradient's ``transpose`` still made). Its gradient stays a
+    transpose of its own."""
+    import tensorflow as tf
+
+    if op.type != "Transpose" or len(op.inputs) != 2 or not op.outputs:
+        return False
+    perm = tf.get_static_value(op.inputs[1])
+    if perm is None:
+        return False
+    perm = [int(a) for a in perm]
+    n = len(perm)
+    if n < 2 or perm != [*range(n - 2), n - 1, n - 2]:
+        return False
+    readers = op.outputs[0].consumers()
+    return bool(readers) and all(r.type in _MATMULS_TAKING_TRANSPOSES for r in readers)
 
 
 def _single(items: Iterable[Any]) -> Any:

@@ -4,6 +4,7 @@ import dataclasses
 import logging
 import warnings
 from typing import Any
+from unittest import mock
 
 import keras
 import pytest
@@ -1042,3 +1043,47 @@ def test_saved_inputs_donate_writes_a_gelu_gradient_into_its_forward_tensors(mon
     assert max(off.history_peaks) - min(off.history_peaks) >= size
     assert max(on.history_peaks) - min(on.history_peaks) < size / 2
     assert on.peak_bytes <= off.peak_bytes - size
+
+
+def test_a_transpose_only_matrix_products_read_is_folded_into_them():
+    """Grappler's arithmetic optimizer has a matrix product read the input of
+    a transpose of the last two axes with its own transpose flag: where only
+    products read the transpose, it is never made (the allocator trace of a
+    bidirectional GRU under Keras' ``Attention`` layer has no forward
+    transpose of its keys, and the gradient's ``transpose``). A transpose
+    that something else reads, or of other axes, is made."""
+    import tensorflow as tf
+
+    from keras_memscope.tfgraph import _folded_transpose
+
+    def transposes(fn):
+        graph = tf.function(fn, autograph=False).get_concrete_function(
+            tf.TensorSpec((4, 8, 16)), tf.TensorSpec((4, 8, 16))).graph
+        return [_folded_transpose(op) for op in graph.get_operations()
+                if op.type == "Transpose"]
+
+    assert transposes(lambda q, k: q @ tf.transpose(k, [0, 2, 1])) == [True]
+    def also_summed(q, k):
+        kt = tf.transpose(k, [0, 2, 1])
+        return q @ kt + tf.reduce_sum(kt)
+
+    assert transposes(also_summed) == [False]
+    assert transposes(lambda q, k: tf.transpose(q, [1, 0, 2]) @ tf.transpose(
+        k, [1, 2, 0])) == [False, False]
+    # in a model: the transposed keys are a view of the keys, not a buffer
+    # the layer keeps for its gradient
+    from keras_memscope import tfgraph
+
+    def kept() -> int:
+        inputs = keras.Input((32, 16))
+        x = keras.layers.Dense(16)(inputs)
+        model = keras.Model(inputs, keras.layers.Dense(4)(keras.layers.Attention()([x, x])))
+        est = memscope.estimate(model, 8, optimizer="sgd", device="cpu", method="graph")
+        return next(r for r in est.layers if r.class_name == "Attention").activation_bytes
+
+    folded = kept()
+    tfgraph._CACHE.clear()
+    with mock.patch.object(tfgraph, "_folded_transpose", lambda op: False):
+        made = kept()
+    tfgraph._CACHE.clear()
+    assert made - folded == 8 * 32 * 16 * 4, (made, folded)
