@@ -1368,15 +1368,10 @@ def _identity_arithmetic(op: Any) -> bool:
     return False
 
 
-#: the matrix products grappler's arithmetic optimizer folds a transpose into
-_MATMULS_TAKING_TRANSPOSES = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2",
-                                        "BatchMatMulV3"})
-
-
 def _folded_transpose(op: Any) -> bool:
     """A transpose of the last two axes that only matrix products read:
     grappler's arithmetic optimizer (``FoldTransposeIntoMatMul``) has each
-    product read the transpose's input with its own transpose flag, so the
+    product (``_MATMUL_OPS``) read the transpose's input with its own transpose flag, so the
     transposed tensor is never made (Keras' ``Attention`` layer's ``key``
     transposed for ``query @ key^T``: no forward allocation in the trace,
     the gradient's ``transpose`` still made). Its gradient stays a
@@ -1393,7 +1388,7 @@ def _folded_transpose(op: Any) -> bool:
     if n < 2 or perm != [*range(n - 2), n - 1, n - 2]:
         return False
     readers = op.outputs[0].consumers()
-    return bool(readers) and all(r.type in _MATMULS_TAKING_TRANSPOSES for r in readers)
+    return bool(readers) and all(r.type in _MATMUL_OPS for r in readers)
 
 
 def _single(items: Iterable[Any]) -> Any:
