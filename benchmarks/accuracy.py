@@ -28,6 +28,7 @@ forked from one that has imported TensorFlow (``benchmarks.machine.processes``).
     python -m benchmarks.accuracy --unanticipated # written after --unexpected was measured
     python -m benchmarks.accuracy --unmapped      # written after the five variants were run
     python -m benchmarks.accuracy --unsurveyed    # written after the broadcast products
+    python -m benchmarks.accuracy --unfamiliar    # Keras 3.15's newer optimizers
     python -m benchmarks.accuracy --only resnet50 --remeasure
 
 Relative error = (estimate - measured) / measured, against the highest
@@ -173,6 +174,12 @@ UNSURVEYED_CONFIGS = [
     ("senet", 32, "lion"), ("senet", 8, "sgd-nesterov"), ("siren", 4096, "lamb"),
     ("swiglu", 16, "adam"), ("bigruattn", 64, "rmsprop"), ("bigruattn", 16, "adagrad"),
 ]
+# the optimizers Keras added lately (ScheduleFreeAdamW, MultiOptimizer),
+# written once the estimator could build them; measured and estimated once
+UNFAMILIAR_CONFIGS = [
+    ("senet", 16, "schedulefree"), ("swiglu", 16, "schedulefree"),
+    ("resnet50", 8, "multi-sgd-adam-late"), ("swiglu", 16, "multi-sgd-adam-attention"),
+]
 #: the sets beside the zoo, by their flag, in the order they were written
 SETS = {"held-out": HELD_OUT_CONFIGS, "unseen": UNSEEN_CONFIGS, "fresh": FRESH_CONFIGS,
         "novel": NOVEL_CONFIGS, "untried": UNTRIED_CONFIGS, "blind": BLIND_CONFIGS,
@@ -181,7 +188,20 @@ SETS = {"held-out": HELD_OUT_CONFIGS, "unseen": UNSEEN_CONFIGS, "fresh": FRESH_C
         "untrodden": UNTRODDEN_CONFIGS, "unplanned": UNPLANNED_CONFIGS,
         "unforeseen": UNFORESEEN_CONFIGS, "unexpected": UNEXPECTED_CONFIGS,
         "unanticipated": UNANTICIPATED_CONFIGS, "unmapped": UNMAPPED_CONFIGS,
-        "unsurveyed": UNSURVEYED_CONFIGS}
+        "unsurveyed": UNSURVEYED_CONFIGS, "unfamiliar": UNFAMILIAR_CONFIGS}
+def _multi(mapped: dict[str, str]) -> dict[str, Any]:
+    """A serialized ``MultiOptimizer``: SGD with momentum for every variable
+    but those whose path matches a pattern of ``mapped`` (to an optimizer's
+    class name, default options)."""
+    def serialized(name: str, config: dict[str, Any]) -> dict[str, Any]:
+        return {"module": "keras.optimizers", "class_name": name, "config": config}
+
+    return serialized("MultiOptimizer", {"optimizer_map": serialized("OptimizerMap", {
+        "default_optimizer": serialized("SGD", {"momentum": 0.9}),
+        "optimizer_map": {pattern: serialized(name, {}) for pattern, name in mapped.items()},
+    })})
+
+
 #: optimizers with options, by the name a configuration gives them
 OPTIMIZERS = {
     "adam-globalclip": {"class_name": "Adam", "config": {"global_clipnorm": 1.0}},
@@ -194,6 +214,12 @@ OPTIMIZERS = {
     "sgd-wd": {"class_name": "SGD", "config": {"momentum": 0.9, "weight_decay": 1e-4}},
     "sgd-momentum": {"class_name": "SGD", "config": {"momentum": 0.9}},
     "sgd-nesterov": {"class_name": "SGD", "config": {"momentum": 0.9, "nesterov": True}},
+    "schedulefree": {"class_name": "ScheduleFreeAdamW", "config": {}},
+    # SGD with momentum for the early layers, Adam for ResNet-50's last two
+    # stages (discriminative fine-tuning)
+    "multi-sgd-adam-late": _multi({"conv[45]_.*": "Adam"}),
+    # Adam for the attention layers, SGD with momentum for the rest
+    "multi-sgd-adam-attention": _multi({".*multi_head_attention.*": "Adam"}),
 }
 
 

@@ -84,6 +84,12 @@ def accumulating(optimizer: Any, model: Any, steps: int) -> Any:
     if steps == 1:
         return type(opt).from_config(opt.get_config())
     config = opt.get_config()
+    if "gradient_accumulation_steps" not in config and "inner_optimizer" not in config:
+        raise ValueError(
+            f"{type(opt).__name__} takes no gradient_accumulation_steps in Keras, so "
+            f"accumulation_steps={steps} cannot be applied to it: set "
+            "gradient_accumulation_steps on an optimizer that has it (Adam, SGD, ...), "
+            "or leave accumulation_steps out")
     if "inner_optimizer" in config:  # a LossScaleOptimizer: accumulate inside
         inner = opt.inner_optimizer.get_config()
         inner["gradient_accumulation_steps"] = steps

@@ -546,25 +546,23 @@ def estimate(
     lag = (n_trainable + 1 if state.needs_all_gradients or all_reduce
            else profile.update_lag)
     losses = _loss_specs(model, list(graph.outputs), method == "graph")
-    # the update's own temporaries; where some are made from the state
-    # alone at the step's start (early_update), those the update adds
-    temporaries = (state.update_peak - state.early_temporaries - 1 if state.early_temporaries
-                   else state.update_temporaries)
-    # after the backward pass the update's ready ops run together (both threads)
-    final_temporaries = max(temporaries, state.final_update_peak - state.early_temporaries - 1)
+    # each variable's update is its optimizer's (a MultiOptimizer's differ)
+    updater = {w.key: state.for_variable(w.path) for w in graph.variables}
     backward_time = _ordering_seconds(timing.backward_seconds, profile, call_dtypes)
     forward_time = _ordering_seconds(timing.forward_seconds, profile, call_dtypes)
-    sparse_sizes, scatters = _sparse_update(opt, ops)
+    sparse_sizes, scatters = _sparse_update(_sparse_updater(state, ops, notes) or opt, ops)
     step = functools.partial(
         simulate,
         model_inputs=[t.id for t in graph.inputs],
         model_outputs=[t.id for t in graph.outputs],
         losses=losses,
-        update_workspace=lambda nbytes: nbytes * temporaries,
-        final_update_workspace=lambda nbytes: nbytes * final_temporaries,
+        update_workspace=lambda nbytes, key: nbytes * _update_temporaries(
+            updater.get(key, state)),
+        final_update_workspace=lambda nbytes, key: nbytes * _update_temporaries(
+            updater.get(key, state), final=True),
         sparse_update=sparse_sizes,
         copy_on_read=scatters,
-        early_update=state.early_temporaries,
+        early_update=lambda key: updater.get(key, state).early_temporaries,
         persistent=persistent,
         slots=slots,
         accumulation_steps=state.accumulation_steps,
@@ -578,7 +576,8 @@ def estimate(
                           if all_reduce else 0),
         remat=regions,
         allocator=profile.allocator,
-        update_time=functools.partial(_update_seconds, state, timing.ordering_profile(profile)),
+        update_time=lambda nbytes, key: _update_seconds(
+            updater.get(key, state), timing.ordering_profile(profile), nbytes),
         steps=profile.simulated_steps if profile.weight_grad_lag > 0 else 1,
     )
     nominal = step(ops)
@@ -629,10 +628,10 @@ def estimate(
     trainable = [w for w in graph.variables if w.trainable]
     # new buffers per update: the optimizer's, and the copy of a weight its
     # input gradient still reads
-    update_s = (timing.update_time(
-        [w.nbytes for w in trainable], state.update_kernels, profile,
-        [state.update_allocations + (w.key in result.copied_weights) for w in trainable])
-        if timed else None)
+    update_s = (sum(timing.update_time(
+        [w.nbytes], updater[w.key].update_kernels, profile,
+        [updater[w.key].update_allocations + (w.key in result.copied_weights)])
+        for w in trainable) if timed else None)
     params = sum(_elements(w) for w in graph.variables)
     trainable_params = sum(_elements(w) for w in trainable)
     if graph.unattributed:
@@ -729,10 +728,38 @@ def _ordering_seconds(seconds: Callable[..., Any], profile: devices.DeviceProfil
     return lambda c: seconds(c, ordering, dtypes.get(c.layer_index, "float32"))
 
 
+def _update_temporaries(state: Any, final: bool = False) -> int:
+    """The variable-sized temporaries one variable's update makes beyond its
+    gradient: where some are made from the state alone at the step's start
+    (``early_update``), those the update adds; ``final``: after the backward
+    pass, when the update's ready ops run together (both threads)."""
+    temporaries = (state.update_peak - state.early_temporaries - 1 if state.early_temporaries
+                   else state.update_temporaries)
+    if final:
+        return max(temporaries, state.final_update_peak - state.early_temporaries - 1)
+    return temporaries
+
+
 def _update_seconds(state: Any, ordering: devices.DeviceProfile, nbytes: int) -> float:
     """One variable's update (``nbytes``) on ``ordering``: it orders the
     updates run beside the last weight gradients in the simulated step."""
     return timing.update_time([nbytes], state.update_kernels, ordering, state.update_allocations)
+
+
+def _sparse_updater(state: Any, ops: Sequence[LayerOp], notes: list[str]) -> Any:
+    """The optimizer that updates the variables whose gradients are
+    ``IndexedSlices``, where a ``MultiOptimizer`` maps them to one of its own
+    (None: the optimizer itself does)."""
+    if not state.groups:
+        return None
+    paths = [w.path for op in ops if any(p.sparse_grad for p in op.prims)
+             for w in op.weights if w.trainable]
+    updaters = list(dict.fromkeys(id(state.for_variable(p)) for p in paths))
+    chosen = [state.for_variable(p) for p in paths]
+    if len(updaters) > 1:
+        notes.append(f"{state.name} updates the embedding tables with different optimizers; "
+                     f"each table's sparse update is modelled as {chosen[0].name}'s")
+    return chosen[0].optimizer if chosen else None
 
 
 def _sparse_update(optimizer: Any, ops: Sequence[LayerOp]

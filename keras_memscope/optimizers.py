@@ -10,9 +10,11 @@ allocated.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
+from collections.abc import Iterator
 from typing import Any
 
 from .units import dtype_bytes, round_up
@@ -100,6 +102,10 @@ class OptimizerState:
     variable; ``needs_all_gradients`` is True when the update cannot start
     before every gradient exists (loss scaling checks all gradients for
     infinities, global-norm clipping needs their joint norm).
+
+    A ``MultiOptimizer`` updates each variable with the optimizer it maps it
+    to: ``groups`` lists them, each with its variables' paths and its own
+    figures (:meth:`for_variable`); the optimizer-wide ones are the largest.
     """
 
     name: str
@@ -116,6 +122,16 @@ class OptimizerState:
     early_temporaries: int = 0
     update_peak: int = 0
     final_update_peak: int = 0
+    groups: tuple[tuple[tuple[str, ...], OptimizerState], ...] = ()
+    #: a group's own optimizer (its update graphs are traced from it)
+    optimizer: Any = dataclasses.field(default=None, compare=False, repr=False)
+
+    def for_variable(self, path: str) -> OptimizerState:
+        """The figures of the optimizer that updates the variable at ``path``."""
+        for paths, state in self.groups:
+            if path in paths:
+                return state
+        return self
 
 
 def _named_classes() -> dict[str, type]:
@@ -249,36 +265,100 @@ def _describe(optimizer: Any) -> str:
     return base + (f"({', '.join(options)})" if options else "")
 
 
-@dataclasses.dataclass
-class _StandIn:
-    """What an optimizer's ``build`` reads of a variable (shape, dtype, names),
-    without a value that TensorFlow would materialize to colocate slots."""
+def _stand_in_class() -> type:
+    """The class of :func:`_stand_ins`' variables, made once Keras is imported."""
+    global _STAND_IN
+    if _STAND_IN is None:
+        import keras
 
-    shape: tuple[int, ...]
-    dtype: str
-    name: str
-    path: str
-    trainable: bool = True
-    overwrite_with_gradient: bool = False
-    device: str = ""
+        class StandIn(keras.KerasTensor):
+            """What an optimizer's ``build`` reads of a variable (shape, dtype,
+            names), without a value that TensorFlow would materialize to
+            colocate slots. Symbolic: what a ``build`` computes from it (a slot
+            that starts as a copy of its variable, ScheduleFreeAdamW's momentum)
+            is shapes only."""
 
-    def __hash__(self) -> int:
-        return id(self)
+            def __init__(self, shape: tuple[int, ...], dtype: str, name: str, path: str,
+                         trainable: bool = True, overwrite_with_gradient: bool = False) -> None:
+                super().__init__(shape, dtype=dtype, name=name)
+                self.path = path
+                self.trainable = trainable
+                self.overwrite_with_gradient = overwrite_with_gradient
+                self.device = ""
+
+            def __hash__(self) -> int:
+                return id(self)
+
+        _STAND_IN = StandIn
+    return _STAND_IN
+
+
+_STAND_IN: type | None = None
 
 
 def _stand_ins(variables: list[Any],
-               local_shapes: dict[str, tuple[int, ...]] | None = None) -> list[_StandIn]:
+               local_shapes: dict[str, tuple[int, ...]] | None = None) -> list[Any]:
     import keras
 
     local_shapes = local_shapes or {}
+    stand_in = _stand_in_class()
     out = []
     for v in variables:
         path = getattr(v, "path", v.name)
         shape = local_shapes.get(path, tuple(int(d) for d in v.shape))
-        out.append(_StandIn(shape, keras.backend.standardize_dtype(v.dtype), v.name, path,
+        out.append(stand_in(shape, keras.backend.standardize_dtype(v.dtype), v.name, path,
                             bool(v.trainable),
                             bool(getattr(v, "overwrite_with_gradient", False))))
     return out
+
+
+@contextlib.contextmanager
+def _building_on_stand_ins(reference: dict[int, tuple[str, str, bool]]) -> Iterator[None]:
+    """Let any Keras optimizer (and the optimizers a ``MultiOptimizer``
+    makes) build on :func:`_stand_ins`: TensorFlow's optimizer keys a
+    variable by the ``tf.Variable`` behind it, which a stand-in does not
+    have (its ``id`` serves), and an assignment in ``build`` (a slot that
+    starts as a copy of its variable) is noted instead of computed. Each
+    slot's model variable, initial value and whether it is a gradient
+    accumulator go into ``reference``, by the slot's ``id``."""
+    import keras
+
+    stand_in = _stand_in_class()
+    cls = keras.optimizers.Optimizer
+    saved = {name: cls.__dict__.get(name) for name in
+             ("_var_key", "add_variable_from_reference", "assign", "assign_add", "assign_sub")}
+    var_key, add_from_reference = cls._var_key, cls.add_variable_from_reference
+
+    def key(self: Any, variable: Any) -> Any:
+        return id(variable) if isinstance(variable, stand_in) else var_key(self, variable)
+
+    def add(self: Any, reference_variable: Any, name: Any = None,
+            initializer: Any = "zeros") -> Any:
+        var = add_from_reference(self, reference_variable, name=name, initializer=initializer)
+        start = (initializer if isinstance(initializer, str)
+                 else f"{type(initializer).__name__}{sorted(initializer.get_config().items())}")
+        reference[id(var)] = (getattr(reference_variable, "path", reference_variable.name),
+                              start, name == "gradient_accumulator")
+        return var
+
+    def assigned(self: Any, variable: Any, value: Any) -> None:
+        # the slot starts from a value of its own: no buffer shared with others
+        if id(variable) in reference:
+            path, _, accumulator = reference[id(variable)]
+            reference[id(variable)] = (path, f"assigned {id(variable)}", accumulator)
+
+    patches = {"_var_key": key, "add_variable_from_reference": add, "assign": assigned,
+               "assign_add": assigned, "assign_sub": assigned}
+    try:
+        for name, fn in patches.items():
+            setattr(cls, name, fn)
+        yield
+    finally:
+        for name, fn in saved.items():
+            if fn is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, fn)
 
 
 def optimizer_state(optimizer: Any, model: Any,
@@ -294,17 +374,17 @@ def optimizer_state(optimizer: Any, model: Any,
 
     trainable = _stand_ins(list(model.trainable_variables), local_shapes)
     copy = _fresh_copy(optimizer)
-    # TensorFlow's optimizer keys variables by the tf.Variable behind them,
-    # which a weightless variable does not have yet (this copy is ours); and
     # note which model variable each slot follows, and what it starts from
     reference: dict[int, tuple[str, str, bool]] = {}
-    for opt in (copy, getattr(copy, "inner_optimizer", None)):
-        if opt is not None:
-            opt._var_key = id
-            opt.add_variable_from_reference = _recording(opt.add_variable_from_reference,
-                                                         reference)
-    with weightless():
-        copy.build(trainable)
+    with weightless(), _building_on_stand_ins(reference):
+        try:
+            copy.build(trainable)
+        except Exception as err:
+            raise ValueError(
+                f"{type(optimizer).__name__} could not be built on the model's variables "
+                f"without allocating them ({type(err).__name__}: {err}); pass a Keras "
+                "optimizer whose build() only creates its variables, or name a similar "
+                "one (optimizer='adam')") from err
         variables = list(copy.variables)
     described = []
     slots = []
@@ -318,28 +398,88 @@ def optimizer_state(optimizer: Any, model: Any,
         ref, start, accumulator = reference.get(id(v), (None, "", False))
         slots.append(Slot(ref, nbytes, (shape, dtype, start) if ref is not None else None,
                           accumulator))
+    model_variables = list(model.trainable_variables)
+    groups = _sub_optimizers(copy, optimizer, trainable, model_variables)
+    if groups:
+        # each variable's update is its own optimizer's; the optimizer-wide
+        # figures are the largest of them
+        parts = [state for _, state in groups]
+        updates = {field: max(getattr(part, field) for part in parts)
+                   for field in _UPDATE_FIELDS}
+        updates["needs_all_gradients"] = bool(getattr(optimizer, "global_clipnorm", None)) or any(
+            part.needs_all_gradients for part in parts)
+        updates["decayed"] = frozenset().union(*(part.decayed for part in parts))
+    else:
+        updates = _update_figures(optimizer, model_variables)
+    description = _describe(optimizer)
+    if groups:  # which optimizer updates how many variables
+        description += "(" + ", ".join(
+            f"{state.description} for {len(paths)} variable{'s' * (len(paths) != 1)}"
+            for paths, state in groups) + ")"
+    return OptimizerState(
+        name=type(optimizer).__name__,
+        description=description,
+        state_bytes=total,
+        variables=tuple(described),
+        slots=tuple(slots),
+        accumulation_steps=accumulation_steps(optimizer),
+        groups=tuple(groups),
+        **updates,
+    )
+
+
+#: the fields of :class:`OptimizerState` that say how one variable's update runs
+_UPDATE_FIELDS = ("update_temporaries", "update_kernels", "update_allocations",
+                  "early_temporaries", "update_peak", "final_update_peak")
+
+
+def _update_figures(optimizer: Any, variables: list[Any]) -> dict[str, Any]:
+    """How ``optimizer`` updates each of ``variables`` (the model's): the
+    :data:`_UPDATE_FIELDS`, whether it waits for every gradient, and which
+    variables it decays."""
     needs_all = bool(getattr(optimizer, "inner_optimizer", None) is not None) or bool(
         getattr(optimizer, "global_clipnorm", None)
     )
     kind = _kind(optimizer)
     early = early_update(optimizer)
-    return OptimizerState(
-        name=type(optimizer).__name__,
-        description=_describe(optimizer),
-        state_bytes=total,
-        update_temporaries=_UPDATE_TEMPORARIES.get(kind, _DEFAULT_TEMPORARIES),
-        update_kernels=_UPDATE_KERNELS.get(kind, _DEFAULT_KERNELS),
-        update_allocations=_UPDATE_ALLOCATIONS.get(
+    return {
+        "update_temporaries": _UPDATE_TEMPORARIES.get(kind, _DEFAULT_TEMPORARIES),
+        "update_kernels": _UPDATE_KERNELS.get(kind, _DEFAULT_KERNELS),
+        "update_allocations": _UPDATE_ALLOCATIONS.get(
             kind, _UPDATE_TEMPORARIES.get(kind, _DEFAULT_TEMPORARIES)),
-        needs_all_gradients=needs_all,
-        variables=tuple(described),
-        slots=tuple(slots),
-        accumulation_steps=accumulation_steps(optimizer),
-        decayed=decayed_paths(optimizer, list(model.trainable_variables)),
-        early_temporaries=early[0],
-        update_peak=early[1],
-        final_update_peak=early[2],
-    )
+        "early_temporaries": early[0],
+        "update_peak": early[1],
+        "final_update_peak": early[2],
+        "needs_all_gradients": needs_all,
+        "decayed": decayed_paths(optimizer, variables),
+    }
+
+
+def _sub_optimizers(copy: Any, optimizer: Any, stand_ins: list[Any], variables: list[Any]
+                    ) -> list[tuple[tuple[str, ...], OptimizerState]]:
+    """For a ``MultiOptimizer`` (``copy`` built on ``stand_ins``), each
+    optimizer it delegates to, with the paths of the variables it updates and
+    how it updates them; empty for any other optimizer."""
+    index = getattr(copy, "_var_to_optimizer_idx", None)
+    inner = getattr(copy, "optimizers", None)
+    if index is None or not isinstance(inner, list):
+        return []
+    by_path = {getattr(v, "path", v.name): v for v in variables}
+    groups = []
+    for k, sub in enumerate(inner):
+        paths = tuple(s.path for s in stand_ins if index.get(id(s)) == k)
+        if not paths:
+            continue
+        if accumulation_steps(sub):
+            raise ValueError(
+                f"{type(optimizer).__name__} delegates to {type(sub).__name__} with "
+                "gradient_accumulation_steps, which is not modelled; estimate without it "
+                "(what-if accumulation_steps=k applies it to the whole model)")
+        figures = _update_figures(sub, [by_path[p] for p in paths if p in by_path])
+        groups.append((paths, OptimizerState(
+            name=type(sub).__name__, description=_describe(sub), state_bytes=0,
+            variables=(), optimizer=sub, **figures)))
+    return groups
 
 
 _EARLY: dict[str, tuple[int, int, int]] = {}
@@ -710,20 +850,3 @@ def accumulation_steps(optimizer: Any) -> int:
         if steps:
             return int(steps)
     return 0
-
-
-def _recording(add_variable_from_reference: Any,
-               reference: dict[int, tuple[str, str, bool]]) -> Any:
-    """``add_variable_from_reference`` that notes each slot's model variable,
-    initial value and whether it is a gradient accumulator."""
-
-    def wrapped(reference_variable: Any, name: Any = None, initializer: Any = "zeros") -> Any:
-        var = add_variable_from_reference(reference_variable, name=name,
-                                          initializer=initializer)
-        start = (initializer if isinstance(initializer, str)
-                 else f"{type(initializer).__name__}{sorted(initializer.get_config().items())}")
-        reference[id(var)] = (getattr(reference_variable, "path", reference_variable.name), start,
-                              name == "gradient_accumulator")
-        return var
-
-    return wrapped

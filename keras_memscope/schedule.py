@@ -477,7 +477,7 @@ def simulate(
     model_inputs: Sequence[int],
     model_outputs: Sequence[int],
     losses: Sequence[LossSpec],
-    update_workspace: Callable[[int], int],
+    update_workspace: Callable[[int, int], int],
     persistent: Sequence[tuple[Any, ...]],
     update_lag: int = 1,
     weight_grad_lag: int = 0,
@@ -494,9 +494,9 @@ def simulate(
     sparse_update: Callable[[int, int], tuple[Sequence[int], Sequence[int],
                                               tuple[list[int], bool] | None]] | None = None,
     copy_on_read: bool = False,
-    early_update: int = 0,
-    final_update_workspace: Callable[[int], int] | None = None,
-    update_time: Callable[[int], float] | None = None,
+    early_update: int | Callable[[int], int] = 0,
+    final_update_workspace: Callable[[int, int], int] | None = None,
+    update_time: Callable[[int, int], float] | None = None,
     steps: int = 1,
 ) -> StepResult:
     """Simulate a warm-up step and ``steps`` measured ones, of which the
@@ -591,13 +591,16 @@ def simulate(
 
     ``early_update`` is how many variable-sized results of each trainable
     variable's update need only the optimizer's state (``optimizers.
-    early_temporaries``): an updating step makes them all at its start and
-    holds each until its variable's update. ``final_update_workspace``
-    replaces ``update_workspace`` for the updates left when the backward pass
-    has ended, whose ops run as soon as they are ready (both threads free).
+    early_temporaries``; one count, or one per weight key): an updating step
+    makes them all at its start and holds each until its variable's update.
+    ``final_update_workspace`` replaces ``update_workspace`` for the updates
+    left when the backward pass has ended, whose ops run as soon as they
+    are ready (both threads free).
     Once the input gradients are done, the updates whose gradients are
     written run on the free thread beside the weight-gradient jobs still
-    running; ``update_time(variable bytes)`` gives each its seconds there, and
+    running; ``update_time(variable bytes, weight key)`` gives each its
+    seconds there (``update_workspace`` too takes the weight's key: a
+    ``MultiOptimizer``'s updates differ from variable to variable), and
     an update overlaps a job only when the job outlasts it (its temporaries
     are made at its end). Without it each overlaps the jobs still running.
 
@@ -966,9 +969,10 @@ def simulate(
         early: dict[int, int] = {}
         if early_update and updating:
             for key in weight_layer:
-                if weight_trainable.get(key):
-                    early[key] = sim.alloc(early_update * weight_bytes[key], weight_layer[key],
-                                           UPDATE, early_update)
+                count = early_update(key) if callable(early_update) else early_update
+                if weight_trainable.get(key) and count:
+                    early[key] = sim.alloc(count * weight_bytes[key], weight_layer[key],
+                                           UPDATE, count)
             if early:
                 sim.check("forward")
                 sim.point("forward", "optimizer", "state products made before the gradients")
@@ -1075,13 +1079,13 @@ def simulate(
             if not times or not TIMED_COPIES:
                 return True
             written = grad_done.get(key, update_busy[1]) + (
-                update_time(weight_bytes[key]) if update_time is not None else 0.0)
+                update_time(weight_bytes[key], key) if update_time is not None else 0.0)
             return read_pending[key] > 0 or read_until.get(key, INF) > written
 
         def run_update(key: int, bid: int, final: bool = False, beside: bool = False) -> None:
             if UPDATES_HOLD_THE_THREAD and update_time is not None and times:
                 update_busy[0] = (max(update_busy[0], update_busy[1])
-                                  + update_time(weight_bytes[key]))
+                                  + update_time(weight_bytes[key], key))
             if key in accumulator and not updating:
                 # accumulator + gradient, written into the gradient's buffer,
                 # which the accumulator keeps
@@ -1135,8 +1139,8 @@ def simulate(
             ws_bytes = 0 if dense_done else (
                 # (with both threads free its ops run side by side; an update
                 # still running holds one of them)
-                (final_update_workspace or update_workspace)(nbytes)
-                if final and not running_updates else update_workspace(nbytes))
+                (final_update_workspace or update_workspace)(nbytes, key)
+                if final and not running_updates else update_workspace(nbytes, key))
             # (each of the update's temporaries is a tensor of its own)
             kept_bytes = min(ws_bytes, nbytes) if takes_time else 0
             kept = sim.alloc(kept_bytes, weight_layer[key], UPDATE) if kept_bytes else None
@@ -1174,7 +1178,7 @@ def simulate(
                 if start > now and kept is not None:
                     sim.free(kept)
                     kept = None
-                running_updates.append((start + update_time(weight_bytes[key]),
+                running_updates.append((start + update_time(weight_bytes[key], key),
                                         [b for b in (bid, kept) if b is not None]))
             elif bid is not None:
                 sim.free(bid)
@@ -1501,7 +1505,7 @@ def simulate(
                 # gradient that ends while the embedding's update runs leaves
                 # the step's peak where it was, 83.8 MiB in 18 measured steps)
                 if update_time is not None:
-                    clock = share(update_time(weight_bytes[queue[0][0]]))
+                    clock = share(update_time(weight_bytes[queue[0][0]], queue[0][0]))
                     advance(clock)  # (a job ending hands on its gradients)
                     if not jobs or not queue:
                         break

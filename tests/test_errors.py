@@ -129,3 +129,31 @@ def test_freeze_takes_one_layer_name():
     assert (memscope.whatif(model, 8, freeze=name, device="cpu").trainable_params
             == memscope.whatif(model, 8, freeze=[name], device="cpu").trainable_params
             < model.count_params())
+
+
+class _BuildReadsValues(keras.optimizers.SGD):
+    """An optimizer whose build needs its variables' values."""
+
+    def build(self, var_list):
+        super().build(var_list)
+        self.scale = float(keras.ops.max(keras.ops.abs(var_list[0])))
+
+
+def test_an_optimizer_whose_build_needs_values_is_named():
+    """The estimate builds a weightless copy of the optimizer on stand-ins
+    that have shapes but no values; a build that needs values is refused
+    with the optimizer's name and what to do, not TensorFlow's error."""
+    with pytest.raises(ValueError, match="_BuildReadsValues could not be built on the model's "
+                                         "variables without allocating them .*name a "
+                                         "similar one"):
+        memscope.estimate(seed_mlp(), batch_size=2, optimizer=_BuildReadsValues(),
+                          device="cpu")
+
+
+@pytest.mark.skipif(not hasattr(keras.optimizers, "MultiOptimizer"),
+                    reason="Keras without MultiOptimizer")
+def test_accumulation_needs_an_optimizer_that_accumulates():
+    multi = keras.optimizers.MultiOptimizer(keras.optimizers.OptimizerMap(
+        keras.optimizers.SGD(), {".*/kernel": keras.optimizers.Adam()}))
+    with pytest.raises(ValueError, match="MultiOptimizer takes no gradient_accumulation_steps"):
+        memscope.whatif(seed_mlp(), 8, optimizer=multi, accumulation_steps=2, device="cpu")

@@ -1,5 +1,7 @@
 """Optimizer state equals the bytes of the real optimizer's variables."""
 
+from collections import Counter
+
 import keras
 import numpy as np
 import pytest
@@ -17,6 +19,12 @@ def real_state_bytes(model, optimizer):
     optimizer.build(model.trainable_variables)
     return sum(round_up(int(np.prod(v.shape)) * dtype_bytes(keras.backend.standardize_dtype(
         v.dtype))) for v in optimizer.variables)
+
+
+def adam_kernels_sgd_rest(sgd_momentum=0.9):
+    """A MultiOptimizer: Adam for the kernels, SGD (with momentum) for the rest."""
+    return keras.optimizers.MultiOptimizer(keras.optimizers.OptimizerMap(
+        keras.optimizers.SGD(momentum=sgd_momentum), {".*/kernel": keras.optimizers.Adam()}))
 
 
 OPTIMIZERS = [
@@ -42,6 +50,10 @@ OPTIMIZERS = [
 ]
 if hasattr(keras.optimizers, "Muon"):
     OPTIMIZERS.append(lambda: keras.optimizers.Muon())
+if hasattr(keras.optimizers, "ScheduleFreeAdamW"):  # its build copies the variables
+    OPTIMIZERS.append(lambda: keras.optimizers.ScheduleFreeAdamW())
+if hasattr(keras.optimizers, "MultiOptimizer"):
+    OPTIMIZERS.append(lambda: adam_kernels_sgd_rest())
 
 
 @pytest.mark.parametrize("make", OPTIMIZERS)
@@ -282,3 +294,44 @@ def test_sparse_update_one_op_at_a_time():
     # a loss-scale optimizer's update runs in a branch: not known
     scaled = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam())
     assert optimizers.sparse_update_in_order(scaled, values, table) is None
+
+
+@pytest.mark.skipif(not hasattr(keras.optimizers, "ScheduleFreeAdamW"),
+                    reason="Keras without ScheduleFreeAdamW")
+def test_a_slot_its_build_assigns_starts_in_a_buffer_of_its_own():
+    """ScheduleFreeAdamW's build assigns each momentum a copy of its variable
+    (``ops.copy``, which the estimate does on shapes alone): those slots
+    share no starting buffer, while the zero velocities of one shape do."""
+    model = tiny_model()
+    state = optimizers.optimizer_state(keras.optimizers.ScheduleFreeAdamW(), model)
+    momentum = [s for s, (path, _, _) in zip(state.slots, state.variables)
+                if path.endswith("_momentum")]
+    velocity = [s for s, (path, _, _) in zip(state.slots, state.variables)
+                if path.endswith("_velocity")]
+    assert len(momentum) == len(velocity) == len(model.trainable_variables)
+    assert len({s.share_key for s in momentum}) == len(momentum)
+    assert len({s.share_key for s in velocity}) == len(
+        {(tuple(v.shape), v.dtype) for v in model.trainable_variables})
+
+
+@pytest.mark.skipif(not hasattr(keras.optimizers, "MultiOptimizer"),
+                    reason="Keras without MultiOptimizer")
+def test_a_multi_optimizer_updates_each_variable_with_its_own():
+    """A MultiOptimizer's slots are its optimizers' (Adam's two moments for
+    the kernels, nothing for the biases under plain SGD), and each variable's
+    update is its own optimizer's: Adam's temporaries for a kernel, none for
+    a bias."""
+    model = tiny_model()
+    state = optimizers.optimizer_state(adam_kernels_sgd_rest(sgd_momentum=0.0), model)
+    followed = Counter(s.follows for s in state.slots if s.follows)
+    kernels = [v.path for v in model.trainable_variables if v.path.endswith("kernel")]
+    biases = [v.path for v in model.trainable_variables if v.path.endswith("bias")]
+    assert followed == {path: 2 for path in kernels}
+    assert {state.for_variable(p).name for p in kernels} == {"Adam"}
+    assert {state.for_variable(p).name for p in biases} == {"SGD"}
+    adam = optimizers.optimizer_state(keras.optimizers.Adam(), model)
+    sgd = optimizers.optimizer_state(keras.optimizers.SGD(), model)
+    for field in ("update_temporaries", "update_kernels", "update_allocations"):
+        assert getattr(state.for_variable(kernels[0]), field) == getattr(adam, field)
+        assert getattr(state.for_variable(biases[0]), field) == getattr(sgd, field)
+    assert state.update_temporaries == max(adam.update_temporaries, sgd.update_temporaries)
