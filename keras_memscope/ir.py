@@ -105,6 +105,10 @@ class Prim:
             0's gradient (a gather's: one row per looked-up id, a view of the
             output gradient): no table-sized gradient is written; the
             optimizer's update densifies it as its code does.
+        grad_passes: inputs whose gradient is output 0's gradient itself, no
+            buffer of its own (a ``tf.custom_gradient`` function whose
+            gradient returns the upstream gradient as it came: a
+            straight-through estimator, Keras' float8 quantize-dequantize).
         hoisted: a gradient op that runs with the forward pass, as TensorFlow's
             executor runs it once the forward tensors it reads exist (GELU's
             ``Square``; ``tfgraph._hoist``): not part of a forward pass run
@@ -142,6 +146,7 @@ class Prim:
     upcast_workspace: tuple[tuple[str, int], ...] = ()
     accumulate_workspace: tuple[tuple[str, int], ...] = ()
     sparse_grad: tuple[str, ...] = ()
+    grad_passes: tuple[str, ...] = ()
     hoisted: bool = False
 
     def grad_inputs(self) -> tuple[str, ...]:
@@ -168,6 +173,7 @@ class Prim:
             accumulate_workspace=tuple((r(k) if k else k, v)
                                        for k, v in self.accumulate_workspace),
             sparse_grad=tuple(map(r, self.sparse_grad)),
+            grad_passes=tuple(map(r, self.grad_passes)),
             backward_donors=tuple(map(r, self.backward_donors)),
         )
 
@@ -232,7 +238,7 @@ def prim(
 ) -> Prim:
     """Build a :class:`Prim` from lists (a convenience for rules)."""
     for key in ("save", "inplace", "upcast_workspace", "accumulate_workspace", "backlog_parts",
-                "sparse_grad"):
+                "sparse_grad", "grad_passes"):
         if key in kwargs:
             kwargs[key] = tuple(kwargs[key])  # type: ignore[arg-type]
     for key in ("workspace_for", "output_pieces", "always_grads"):  # (reference, count) pairs

@@ -315,6 +315,13 @@ UPDATES_TAKE_TIME = False
 SAVED_INPUTS_DONATE = False
 
 
+def _handed_on(f: _Flat) -> set[int]:
+    """The tensors whose gradient is ``f``'s output gradient itself
+    (``Prim.grad_passes``), by id."""
+    p = f.prim
+    return {f.ins[p.inputs.index(r)] for r in p.grad_passes if r in p.inputs}
+
+
 def _addition_trees(flats: Sequence[_Flat], made: dict[int, int]) -> dict[int, set[int]]:
     """For each addition in a tree of additions of one shape (a Keras ``Add``
     of more than two inputs: each partial sum read only by the next), every
@@ -1320,6 +1327,14 @@ def simulate(
                     sparse_grads.add(bid)
                     partial[t].append(bid)
                     continue
+                if (t in _handed_on(job.flat) and len(job.out_grads) == 1
+                        and sim.buffers[job.out_grads[0]].nbytes
+                        == round_up(tensor_bytes[t], granule)):
+                    # a custom gradient hands the output gradient on as it is
+                    bid = job.out_grads.pop(0)
+                    sim.buffers[bid].layer = job.flat.op.name
+                    partial[t].append(bid)
+                    continue
                 partial[t].append(sim.alloc(tensor_bytes[t], job.flat.op.name, GRADIENT))
             if with_workspace:
                 job.workspace = workspace(job.flat, job.weights)
@@ -1399,9 +1414,12 @@ def simulate(
                        if s not in shared_input and sole_buffer(s) is not None]
                       if SAVED_INPUTS_DONATE and p.grad_inplace and not wts
                       and not side_by_side else [])
+            # (a custom gradient that returns the output gradient as it came
+            # hands it on too: Prim.grad_passes)
             passed = ([t for t in xts if round_up(tensor_bytes[t], granule)
-                       == sim.buffers[out_grads[0]].nbytes]
-                      if p.name in PASS_THROUGH_GRADIENTS and len(out_grads) == 1 else [])
+                       == sim.buffers[out_grads[0]].nbytes
+                       and (p.name in PASS_THROUGH_GRADIENTS or t in _handed_on(f))]
+                      if len(out_grads) == 1 else [])
             if passed:
                 # the gradient for each input of the output's shape is the
                 # output gradient itself: one buffer, nothing written

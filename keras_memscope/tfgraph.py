@@ -952,6 +952,10 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             grad_inputs = [ref[x.name] for x, y in zip(op.inputs, op.outputs)
                            if x.name in ref and x.dtype.is_floating
                            and y.name not in out_ref and y.name not in read_forward]
+            passes = [ref[op.inputs[i].name] for i in _passed_through(op, graph)
+                      if op.inputs[i].name in ref and ref[op.inputs[i].name] in grad_inputs]
+        else:
+            passes = []
         is_view = op.type in VIEW_OPS or _identity_arithmetic(op) or _folded_transpose(op)
         workspace_for: dict[str, int] = {}
         if op.type == "Conv2D" and len(inputs) >= 2:
@@ -1012,6 +1016,7 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
                   and ref.get(op.inputs[0].name, "").startswith("w#") else [])
         prims.append(prim(
             op.type, inputs, outputs, save=list(dict.fromkeys(keep)), sparse_grad=sparse,
+            grad_passes=passes,
             signature=_signature_of(op, inputs, outputs, hoisted),
             differentiable=list(dict.fromkeys(grad_inputs)),
             alias=is_view and bool(inputs),
@@ -1345,6 +1350,28 @@ def _custom_gradient(op: Any) -> bool:
         return op.get_attr("_gradient_op_type").decode().startswith("CustomGradient")
     except (ValueError, TypeError):
         return False
+
+
+def _passed_through(op: Any, graph: Any) -> list[int]:
+    """The inputs of a ``tf.custom_gradient`` ``IdentityN`` whose gradient is
+    the gradient of its first output as it came (the function's gradient
+    returns ``upstream``: a straight-through estimator, Keras' float8
+    quantize-dequantize of a layer's input and kernel): TensorFlow hands that
+    tensor on, and no buffer is made for it. Read by calling the registered
+    gradient function on placeholders in the traced graph; none where it
+    cannot be called so."""
+    import tensorflow as tf
+    from tensorflow.python.framework import ops as tf_ops
+
+    try:
+        grad_fn = tf_ops.gradient_registry.lookup(op.get_attr("_gradient_op_type").decode())
+        with graph.as_default(), tf.name_scope("memscope_probe"):
+            upstream = [tf.compat.v1.placeholder(t.dtype, t.shape) for t in op.outputs]
+            grads = grad_fn(op, *upstream)
+    except Exception:  # a gradient function that needs more than its op
+        return []
+    grads = list(grads) if isinstance(grads, (list, tuple)) else [grads]
+    return [i for i, g in enumerate(grads) if g is not None and g is upstream[0]]
 
 
 def _identity_arithmetic(op: Any) -> bool:

@@ -427,6 +427,57 @@ def test_custom_gradient_goes_to_the_arguments():
     assert swish.workspace_bytes == size
 
 
+class _StraightThrough(layers.Layer):
+    """``round(x)`` forward; backward, the gradient as it came (a
+    straight-through estimator) or, with ``hand_on=False``, twice it."""
+
+    def __init__(self, hand_on: bool = True, **kwargs):
+        super().__init__(**kwargs)
+        self.hand_on = hand_on
+
+    def call(self, x):
+        import tensorflow as tf
+
+        @tf.custom_gradient
+        def f(x):
+            return tf.round(x), (lambda dy: dy) if self.hand_on else (lambda dy: dy * 2.0)
+
+        return f(x)
+
+
+def straight_through(hand_on: bool) -> keras.Model:
+    x = keras.Input((1024,))
+    h = layers.Dense(2048, activation="relu")(layers.Dense(2048, activation="relu")(x))
+    h = _StraightThrough(hand_on)(h)
+    return keras.Model(x, layers.Dense(10)(layers.Dense(2048, activation="relu")(h)))
+
+
+def test_a_custom_gradient_that_returns_its_upstream_hands_it_on():
+    """A ``tf.custom_gradient`` whose gradient returns ``dy`` as it came
+    makes no buffer for its input's gradient: TensorFlow hands the tensor on
+    (allocator trace of Dense 2048, a straight-through ``round``, Dense 2048
+    at batch 512: the next layer's 4 MiB input gradient goes straight to the
+    ReLU's gradient, and nothing is allocated between). The step allocates
+    one input-sized gradient less than with a gradient that computes ``2 *
+    dy``. Keras' float8 layers quantize their input and kernel so: a float8
+    Dense hands on both gradients, and computes only its output gradient's
+    quantization."""
+    from keras_memscope.graph import trace_model
+    from keras_memscope.tfgraph import traced_prims
+
+    on = memscope.estimate(straight_through(True), 512, optimizer="sgd", device="cpu")
+    off = memscope.estimate(straight_through(False), 512, optimizer="sgd", device="cpu")
+    assert off.step_allocated_bytes - on.step_allocated_bytes == 512 * 2048 * 4
+
+    dense = keras.Sequential([keras.Input((64,)), layers.Dense(32)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the input layer has no quantize)
+        dense.quantize("float8")
+    call = next(c for c in trace_model(dense, 8).calls if c.layer is dense.layers[0])
+    passes = [p for p in traced_prims(call) if p.name == "IdentityN"]
+    assert [p.grad_passes for p in passes] == [("in0",), ("w:kernel",), ()]
+
+
 def test_identity_arithmetic_is_a_view():
     import tensorflow as tf
 
