@@ -625,6 +625,12 @@ def estimate(
         notes += _grouped_convolution_notes(graph, records)
     if profile.kind == "gpu":
         notes.append(_xla_note(model))
+    elif _compiled_with_xla(model):
+        notes.append(
+            "this model is compiled with jit_compile=True: Keras has XLA compile its training "
+            "step, and XLA assigns the step's buffers itself; this estimate follows "
+            "TensorFlow's executor without XLA, as memscope.measure trains; compile with "
+            "jit_compile=False to train as estimated")
     trainable = [w for w in graph.variables if w.trainable]
     # new buffers per update: the optimizer's, and the copy of a weight its
     # input gradient still reads
@@ -682,13 +688,18 @@ def estimate(
     )
 
 
+def _compiled_with_xla(model: Any) -> bool:
+    """Whether the model is compiled to train with XLA (``jit_compile=True``,
+    given or resolved from ``"auto"`` where a GPU was present)."""
+    return bool(getattr(model, "compiled", False) and getattr(model, "_jit_compile", None) is True)
+
+
 def _xla_note(model: Any) -> str:
     """Keras compiles the training step with XLA where a GPU is present:
     ``compile(jit_compile="auto")``, its default, resolves to True on the
     TensorFlow backend when the machine has a GPU, no tf.distribute strategy
     is used and every layer supports it (``Trainer._resolve_auto_jit_compile``)."""
-    told = getattr(model, "_jit_compile", None) if getattr(model, "compiled", False) else None
-    said = (" (this model was compiled with jit_compile=True)" if told is True else "")
+    said = " (this model was compiled with jit_compile=True)" if _compiled_with_xla(model) else ""
     return ("on a GPU, Keras compiles the training step with XLA unless the model is "
             "compiled with jit_compile=False (the default, 'auto', turns it on where a GPU "
             f"is present and every layer supports it){said}: this estimate follows "
