@@ -399,23 +399,28 @@ def optimizer_state(optimizer: Any, model: Any,
         slots.append(Slot(ref, nbytes, (shape, dtype, start) if ref is not None else None,
                           accumulator))
     model_variables = list(model.trainable_variables)
-    groups = _sub_optimizers(copy, optimizer, trainable, model_variables)
+    # (a MultiOptimizer, or one a loss-scale optimizer wraps)
+    inner = getattr(copy, "inner_optimizer", None)
+    groups = (_sub_optimizers(copy, optimizer, trainable, model_variables)
+              or (_sub_optimizers(inner, optimizer, trainable, model_variables)
+                  if inner is not None else []))
+    updates = _update_figures(optimizer, model_variables)
+    description = _describe(optimizer)
     if groups:
         # each variable's update is its own optimizer's; the optimizer-wide
         # figures are the largest of them
         parts = [state for _, state in groups]
-        updates = {field: max(getattr(part, field) for part in parts)
-                   for field in _UPDATE_FIELDS}
-        updates["needs_all_gradients"] = bool(getattr(optimizer, "global_clipnorm", None)) or any(
+        updates.update({field: max(getattr(part, field) for part in parts)
+                        for field in _UPDATE_FIELDS})
+        updates["needs_all_gradients"] = updates["needs_all_gradients"] or any(
             part.needs_all_gradients for part in parts)
         updates["decayed"] = frozenset().union(*(part.decayed for part in parts))
-    else:
-        updates = _update_figures(optimizer, model_variables)
-    description = _describe(optimizer)
-    if groups:  # which optimizer updates how many variables
-        description += "(" + ", ".join(
+        # which optimizer updates how many variables
+        described = ", ".join(
             f"{state.description} for {len(paths)} variable{'s' * (len(paths) != 1)}"
-            for paths, state in groups) + ")"
+            for paths, state in groups)
+        description = (description[:-1] + f"({described}))" if inner is not None
+                       else f"{description}({described})")
     return OptimizerState(
         name=type(optimizer).__name__,
         description=description,

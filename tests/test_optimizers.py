@@ -335,3 +335,21 @@ def test_a_multi_optimizer_updates_each_variable_with_its_own():
         assert getattr(state.for_variable(kernels[0]), field) == getattr(adam, field)
         assert getattr(state.for_variable(biases[0]), field) == getattr(sgd, field)
     assert state.update_temporaries == max(adam.update_temporaries, sgd.update_temporaries)
+
+
+@pytest.mark.skipif(not hasattr(keras.optimizers, "MultiOptimizer"),
+                    reason="Keras without MultiOptimizer")
+def test_a_loss_scaled_multi_optimizer_keeps_its_optimizers():
+    """A mixed_float16 model's MultiOptimizer is wrapped in a loss-scale
+    optimizer (as compile does): its variables are still each updated by
+    their own optimizer, and every update waits for all the gradients."""
+    model = tiny_model()
+    state = optimizers.optimizer_state(
+        keras.optimizers.LossScaleOptimizer(adam_kernels_sgd_rest(sgd_momentum=0.0)), model)
+    kernels = [v.path for v in model.trainable_variables if v.path.endswith("kernel")]
+    biases = [v.path for v in model.trainable_variables if v.path.endswith("bias")]
+    assert {state.for_variable(p).name for p in kernels} == {"Adam"}
+    assert {state.for_variable(p).name for p in biases} == {"SGD"}
+    assert state.needs_all_gradients
+    assert state.description == ("LossScaleOptimizer(MultiOptimizer(Adam for 2 variables, "
+                                 "SGD for 2 variables))")
