@@ -69,30 +69,38 @@ VARIANTS = {"as built": as_built, "LoRA (enable_lora(4))": lora, 'quantize("int8
             'quantize("int4")': int4, 'quantize("float8")': float8}
 
 
+def table(variants: dict[str, Any], batch: int, processes: int, steps: int,
+          optimizer: str = "adam") -> str:
+    """Each variant's model measured in ``processes`` fresh processes of
+    ``steps`` steps and estimated, as a table (GitHub markdown)."""
+    from tabulate import tabulate
+
+    import keras_memscope as memscope
+
+    rows = []
+    for name, build in variants.items():
+        model = build()
+        est = memscope.estimate(model, batch, optimizer=optimizer, device="cpu")
+        runs = [memscope.measure(model, batch, optimizer=optimizer, steps=steps, device="cpu")
+                for _ in range(processes)]
+        measured = [p for r in runs for p in r.step_peak_bytes]
+        worst = max(r.peak_bytes for r in runs)
+        rows.append([name, ", ".join(f"{r.peak_bytes / MIB:.1f}" for r in runs),
+                     f"{min(measured) / MIB:.1f} - {max(measured) / MIB:.1f}",
+                     f"{est.peak_bytes / MIB:.1f}", f"{(est.peak_bytes / worst - 1) * 100:+.1f}%"])
+    return tabulate(rows, headers=["model", "measured MiB (processes)", "measured steps MiB",
+                                   "graph MiB", "error"], tablefmt="github")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args(argv)
-    from tabulate import tabulate
-
-    import keras_memscope as memscope
     from benchmarks import machine
 
     print(f"machine: {machine.describe(machine.facts())}")
-    rows = []
-    for name, build in VARIANTS.items():
-        model = build()
-        est = memscope.estimate(model, 32, optimizer="adam", device="cpu")
-        runs = [memscope.measure(model, 32, optimizer="adam", steps=args.steps, device="cpu")
-                for _ in range(args.processes)]
-        steps = [p for r in runs for p in r.step_peak_bytes]
-        worst = max(r.peak_bytes for r in runs)
-        rows.append([name, ", ".join(f"{r.peak_bytes / MIB:.1f}" for r in runs),
-                     f"{min(steps) / MIB:.1f} - {max(steps) / MIB:.1f}",
-                     f"{est.peak_bytes / MIB:.1f}", f"{(est.peak_bytes / worst - 1) * 100:+.1f}%"])
-    print(tabulate(rows, headers=["model", "measured MiB (processes)", "measured steps MiB",
-                                  "graph MiB", "error"], tablefmt="github"))
+    print(table(VARIANTS, 32, args.processes, args.steps))
     return 0
 
 

@@ -240,3 +240,33 @@ def projected_lm() -> keras.Model:
     model = keras.Model(tokens, Project(8000)(x), name="projected_lm")
     model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
+
+
+@keras.saving.register_keras_serializable(package="memscope_tests")
+class MinimalCell(keras.layers.Layer):
+    """A custom recurrent cell, ``h = x @ W + h_prev @ U`` (Keras' RNN guide)."""
+
+    def __init__(self, units: int, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.state_size = units
+
+    def build(self, input_shape):
+        self.kernel = self.add_weight(shape=(input_shape[-1], self.units), name="kernel")
+        self.recurrent_kernel = self.add_weight(shape=(self.units, self.units),
+                                                name="recurrent_kernel")
+
+    def call(self, inputs, states):
+        h = keras.ops.matmul(inputs, self.kernel) + keras.ops.matmul(states[0],
+                                                                     self.recurrent_kernel)
+        return h, [h]
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units}
+
+
+def custom_cell_rnn() -> keras.Model:
+    """``keras.layers.RNN`` around a custom cell: 200 steps of 64 features."""
+    x = keras.Input((200, 64))
+    return keras.Model(x, layers.Dense(4)(layers.RNN(MinimalCell(256))(x)),
+                       name="custom_cell_rnn")

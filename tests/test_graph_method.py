@@ -13,7 +13,7 @@ from keras import layers
 import keras_memscope as memscope
 from keras_memscope.units import human_bytes
 
-from .models import Gated, gated_mlp, small_cnn
+from .models import Gated, custom_cell_rnn, gated_mlp, small_cnn
 
 
 def test_graph_method_agrees_with_rules_on_known_layers():
@@ -133,6 +133,21 @@ def test_lstm_against_measurement(return_sequences):
     bound = est.possible_extra_bytes  # 32 partial kernels held (test_lstm_loop_bound_noted)
     assert est.peak_bytes * 0.85 <= measured <= (est.peak_bytes + bound) * 1.15, (
         est.peak_bytes, measured)
+
+
+def test_an_rnn_around_any_cell_against_measurement():
+    """``keras.layers.RNN`` around a custom cell (and around Keras' own cells)
+    is one recurrent call whose loop keeps, per step, what the traced loop
+    pushes for its gradient. Before, the inspector walked into it and found
+    the cell's calls and loose TensorFlow ops, and none of the 200 steps'
+    kept tensors: 5.0 MiB estimated against 21.7-22.2 measured (b64 Adam);
+    now within 5% of the measurement, as its SimpleRNN twin is."""
+    model = custom_cell_rnn()
+    est = memscope.estimate(model, 64, optimizer="adam", device="cpu")
+    assert [r.class_name for r in est.layers] == ["RNN", "Dense"]
+    measured = memscope.measure(model, 64, optimizer="adam", steps=4, device="cpu")
+    assert abs(est.peak_bytes / measured.peak_bytes - 1) <= 0.05, (
+        est.peak_bytes, measured.step_peak_bytes)
 
 
 def test_calls_differing_only_in_arguments_are_traced_apart():

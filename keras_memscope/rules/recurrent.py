@@ -66,6 +66,26 @@ def recurrent(call: CallRecord) -> list[Prim]:
                  macs=steps * batch * (features + units) * gates * units)
 
 
+@register(keras.layers.RNN)
+def any_cell(call: CallRecord) -> list[Prim]:
+    """``keras.layers.RNN`` around any other cell (a custom one, ``LSTMCell``,
+    ``StackedRNNCells``) on the TensorFlow loop. What every step keeps for
+    the gradient is read off the traced loop (the graph method); without it,
+    one output-sized tensor per step. The weights are all the cell's
+    trainable ones; MACs per step those of one dense gate, ``batch x
+    (input_dim + units) x units``, for the time model."""
+    x = call.inputs[0]
+    if len(x.shape) != 3 or not call.outputs:
+        return fallback(call)
+    batch, steps, features = x.shape
+    units = int(call.outputs[0].shape[-1])
+    trainable = [w for w in call.weights if w.trainable]
+    largest = max((math.prod(w.shape) for w in trainable if w.shape), default=units * units)
+    return _loop(call, steps, features, units, 1, 1,
+                 macs=steps * batch * (features + units) * units,
+                 kernel_elements=largest, params=[f"w:{w.name}" for w in trainable])
+
+
 @register(keras.layers.ConvLSTM1D, keras.layers.ConvLSTM2D, keras.layers.ConvLSTM3D)
 def conv_lstm(call: CallRecord) -> list[Prim]:
     """ConvLSTM1D/2D/3D on the TensorFlow loop: an LSTM whose four gates are
@@ -129,13 +149,14 @@ def _cell_column_buffers(layer: object, batch: int, out_map: tuple[int, ...], ch
 
 def _loop(call: CallRecord, steps: int, features: int, units: int, gates: int,
           per_step_state: int, macs: int, kernel_elements: int | None = None,
-          column_buffers: tuple[int, ...] = ()) -> list[Prim]:
+          column_buffers: tuple[int, ...] = (), params: list[str] | None = None) -> list[Prim]:
     """A recurrent layer's loop over ``steps``: per step an input of
     ``features`` elements per sample, a state of ``units`` elements per
     sample, ``gates`` pre-activations of that size, and ``per_step_state``
     state-sized tensors kept for the gradient; ``column_buffers``: what a
     step's convolution gradients allocate at once beside them, each its own
-    allocation."""
+    allocation; ``params``: the weights the loop reads (default the
+    ``kernel``, ``recurrent_kernel`` and ``bias`` it has)."""
     b = Builder(call)
     x = call.inputs[0]
     batch = x.shape[0]
@@ -154,10 +175,9 @@ def _loop(call: CallRecord, steps: int, features: int, units: int, gates: int,
     # ``return_all_outputs``), and the gradient that comes back is one step's
     sequences = bool(getattr(call.layer, "return_sequences", False))
     seq_bytes = (steps if sequences else 1) * batch * units * itemsize
-    kernel = weight_ref(call, "kernel")
-    recurrent_kernel = weight_ref(call, "recurrent_kernel")
-    bias = weight_ref(call, "bias")
-    params = [r for r in (kernel, recurrent_kernel, bias) if r]
+    if params is None:
+        params = [r for r in (weight_ref(call, "kernel"), weight_ref(call, "recurrent_kernel"),
+                              weight_ref(call, "bias")) if r]
     step_bytes = batch * (features + (gates + 4) * units) * itemsize
     # each timestep's partial gradient of one kernel at a time, added into
     # the running sum (the sum is written in place of the partial)
