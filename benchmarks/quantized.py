@@ -1,6 +1,7 @@
-"""Quantized and low-rank training against the allocator: one small token
-model as built, with LoRA on its Dense layers, and quantized by Keras for
-int8, int4 and float8 training.
+"""Quantized and low-rank training, measured beside its estimate.
+
+One small token model as built, with LoRA on its Dense layers, and
+quantized by Keras for int8, int4 and float8 training.
 
     python -m benchmarks.quantized [--processes 4] [--steps 5]
 
@@ -92,16 +93,24 @@ def table(variants: dict[str, Any], batch: int, processes: int, steps: int,
                                    "graph MiB", "error"], tablefmt="github")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--processes", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=5)
+def run(argv: list[str] | None, description: str, variants: dict[str, Any], batch: int,
+        processes: int, steps: int) -> int:
+    """The command line of this script and of the others that measure
+    variants this way (``benchmarks.rnn_cells``): ``--processes`` and
+    ``--steps``, then the machine and :func:`table`."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--processes", type=int, default=processes)
+    parser.add_argument("--steps", type=int, default=steps)
     args = parser.parse_args(argv)
     from benchmarks import machine
 
     print(f"machine: {machine.describe(machine.facts())}")
-    print(table(VARIANTS, 32, args.processes, args.steps))
+    print(table(variants, batch, args.processes, args.steps))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(argv, __doc__.splitlines()[0], VARIANTS, 32, processes=4, steps=5)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
-"""``keras.layers.RNN`` around other cells against the allocator: a custom
-cell (as Keras' RNN guide writes one), Keras' ``LSTMCell`` and a stack of
-``GRUCell`` and ``SimpleRNNCell``, beside a SimpleRNN doing what the custom
-cell does.
+"""``keras.layers.RNN`` around other cells, measured beside its estimate.
+
+A custom cell (as Keras' RNN guide writes one), Keras' ``LSTMCell`` and a
+stack of ``GRUCell`` and ``SimpleRNNCell``, beside a SimpleRNN doing what
+the custom cell does.
 
     python -m benchmarks.rnn_cells [--processes 2] [--steps 4]
 
@@ -13,7 +14,6 @@ benchmarks.rnn_cells:custom_cell``.
 
 from __future__ import annotations
 
-import argparse
 import os
 from typing import Any
 
@@ -57,16 +57,9 @@ VARIANTS = {"RNN(custom cell of 256), 200 x 64": custom_cell,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--processes", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=4)
-    args = parser.parse_args(argv)
-    from benchmarks import machine
-    from benchmarks.quantized import table
+    from benchmarks.quantized import run
 
-    print(f"machine: {machine.describe(machine.facts())}")
-    print(table(VARIANTS, 64, args.processes, args.steps))
-    return 0
+    return run(argv, __doc__.splitlines()[0], VARIANTS, 64, processes=2, steps=4)
 
 
 if __name__ == "__main__":
