@@ -763,11 +763,9 @@ def _sparse_updater(state: Any, ops: Sequence[LayerOp], notes: list[str]) -> Any
     (None: the optimizer itself does)."""
     if not state.groups:
         return None
-    paths = [w.path for op in ops if any(p.sparse_grad for p in op.prims)
-             for w in op.weights if w.trainable]
-    updaters = list(dict.fromkeys(id(state.for_variable(p)) for p in paths))
-    chosen = [state.for_variable(p) for p in paths]
-    if len(updaters) > 1:
+    chosen = [state.for_variable(w.path) for op in ops if any(p.sparse_grad for p in op.prims)
+              for w in op.weights if w.trainable]
+    if len({id(s) for s in chosen}) > 1:
         notes.append(f"{state.name} updates the embedding tables with different optimizers; "
                      f"each table's sparse update is modelled as {chosen[0].name}'s")
     return chosen[0].optimizer if chosen else None

@@ -404,15 +404,16 @@ def optimizer_state(optimizer: Any, model: Any,
     groups = (_sub_optimizers(copy, optimizer, trainable, model_variables)
               or (_sub_optimizers(inner, optimizer, trainable, model_variables)
                   if inner is not None else []))
-    updates = _update_figures(optimizer, model_variables)
     description = _describe(optimizer)
-    if groups:
+    if not groups:
+        updates = _update_figures(optimizer, model_variables)
+    else:
         # each variable's update is its own optimizer's; the optimizer-wide
         # figures are the largest of them
         parts = [state for _, state in groups]
-        updates.update({field: max(getattr(part, field) for part in parts)
-                        for field in _UPDATE_FIELDS})
-        updates["needs_all_gradients"] = updates["needs_all_gradients"] or any(
+        updates = {field: max(getattr(part, field) for part in parts)
+                   for field in _UPDATE_FIELDS}
+        updates["needs_all_gradients"] = _waits_for_all(optimizer) or any(
             part.needs_all_gradients for part in parts)
         updates["decayed"] = frozenset().union(*(part.decayed for part in parts))
         # which optimizer updates how many variables
@@ -442,9 +443,6 @@ def _update_figures(optimizer: Any, variables: list[Any]) -> dict[str, Any]:
     """How ``optimizer`` updates each of ``variables`` (the model's): the
     :data:`_UPDATE_FIELDS`, whether it waits for every gradient, and which
     variables it decays."""
-    needs_all = bool(getattr(optimizer, "inner_optimizer", None) is not None) or bool(
-        getattr(optimizer, "global_clipnorm", None)
-    )
     kind = _kind(optimizer)
     early = early_update(optimizer)
     return {
@@ -455,9 +453,16 @@ def _update_figures(optimizer: Any, variables: list[Any]) -> dict[str, Any]:
         "early_temporaries": early[0],
         "update_peak": early[1],
         "final_update_peak": early[2],
-        "needs_all_gradients": needs_all,
+        "needs_all_gradients": _waits_for_all(optimizer),
         "decayed": decayed_paths(optimizer, variables),
     }
+
+
+def _waits_for_all(optimizer: Any) -> bool:
+    """Whether the optimizer's updates wait for every gradient: loss scaling
+    checks them all for infinities, global-norm clipping needs their norm."""
+    return (getattr(optimizer, "inner_optimizer", None) is not None
+            or bool(getattr(optimizer, "global_clipnorm", None)))
 
 
 def _sub_optimizers(copy: Any, optimizer: Any, stand_ins: list[Any], variables: list[Any]

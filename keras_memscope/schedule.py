@@ -1319,6 +1319,7 @@ def simulate(
             return _share(jobs, clock, work, keep_waiting)
 
         def start_job(job: _Job, with_workspace: bool = True) -> None:
+            handed_on = _handed_on(job.flat)
             for t in job.weights:
                 if t in sparse_weights and job.out_grads:
                     # IndexedSlices: the values are the output gradient
@@ -1327,7 +1328,7 @@ def simulate(
                     sparse_grads.add(bid)
                     partial[t].append(bid)
                     continue
-                if (t in _handed_on(job.flat) and len(job.out_grads) == 1
+                if (t in handed_on and len(job.out_grads) == 1
                         and sim.buffers[job.out_grads[0]].nbytes
                         == round_up(tensor_bytes[t], granule)):
                     # a custom gradient hands the output gradient on as it is
@@ -1416,9 +1417,10 @@ def simulate(
                       and not side_by_side else [])
             # (a custom gradient that returns the output gradient as it came
             # hands it on too: Prim.grad_passes)
+            handed_on = _handed_on(f)
             passed = ([t for t in xts if round_up(tensor_bytes[t], granule)
                        == sim.buffers[out_grads[0]].nbytes
-                       and (p.name in PASS_THROUGH_GRADIENTS or t in _handed_on(f))]
+                       and (p.name in PASS_THROUGH_GRADIENTS or t in handed_on)]
                       if len(out_grads) == 1 else [])
             if passed:
                 # the gradient for each input of the output's shape is the

@@ -952,7 +952,7 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             grad_inputs = [ref[x.name] for x, y in zip(op.inputs, op.outputs)
                            if x.name in ref and x.dtype.is_floating
                            and y.name not in out_ref and y.name not in read_forward]
-            passes = [ref[op.inputs[i].name] for i in _passed_through(op, graph)
+            passes = [ref[op.inputs[i].name] for i in _passed_through(op)
                       if op.inputs[i].name in ref and ref[op.inputs[i].name] in grad_inputs]
         else:
             passes = []
@@ -1352,20 +1352,22 @@ def _custom_gradient(op: Any) -> bool:
         return False
 
 
-def _passed_through(op: Any, graph: Any) -> list[int]:
+def _passed_through(op: Any) -> list[int]:
     """The inputs of a ``tf.custom_gradient`` ``IdentityN`` whose gradient is
     the gradient of its first output as it came (the function's gradient
     returns ``upstream``: a straight-through estimator, Keras' float8
     quantize-dequantize of a layer's input and kernel): TensorFlow hands that
     tensor on, and no buffer is made for it. Read by calling the registered
-    gradient function on placeholders in the traced graph; none where it
-    cannot be called so."""
+    gradient function on placeholders in a graph of its own, which captures
+    what it reads of the traced one (whose ops and readers stay as they
+    are); none where it cannot be called so."""
     import tensorflow as tf
+    from tensorflow.python.framework import func_graph
     from tensorflow.python.framework import ops as tf_ops
 
     try:
         grad_fn = tf_ops.gradient_registry.lookup(op.get_attr("_gradient_op_type").decode())
-        with graph.as_default(), tf.name_scope("memscope_probe"):
+        with func_graph.FuncGraph("memscope_probe").as_default():
             upstream = [tf.compat.v1.placeholder(t.dtype, t.shape) for t in op.outputs]
             grads = grad_fn(op, *upstream)
     except Exception:  # a gradient function that needs more than its op
