@@ -71,9 +71,11 @@ VARIANTS = {"as built": as_built, "LoRA (enable_lora(4))": lora, 'quantize("int8
 
 
 def table(variants: dict[str, Any], batch: int, processes: int, steps: int,
-          optimizer: str = "adam") -> str:
+          optimizer: str = "adam", before: Any = None) -> str:
     """Each variant's model measured in ``processes`` fresh processes of
-    ``steps`` steps and estimated, as a table (GitHub markdown)."""
+    ``steps`` steps and estimated, as a table (GitHub markdown). With
+    ``before`` (a context manager factory), also estimated inside it, in a
+    column of its own (the estimate as it was before a change)."""
     from tabulate import tabulate
 
     import keras_memscope as memscope
@@ -81,6 +83,11 @@ def table(variants: dict[str, Any], batch: int, processes: int, steps: int,
     rows = []
     for name, build in variants.items():
         model = build()
+        earlier = []
+        if before is not None:
+            with before():
+                then = memscope.estimate(model, batch, optimizer=optimizer, device="cpu")
+            earlier = [f"{then.peak_bytes / MIB:.1f}"]
         est = memscope.estimate(model, batch, optimizer=optimizer, device="cpu")
         runs = [memscope.measure(model, batch, optimizer=optimizer, steps=steps, device="cpu")
                 for _ in range(processes)]
@@ -88,16 +95,18 @@ def table(variants: dict[str, Any], batch: int, processes: int, steps: int,
         worst = max(r.peak_bytes for r in runs)
         rows.append([name, ", ".join(f"{r.peak_bytes / MIB:.1f}" for r in runs),
                      f"{min(measured) / MIB:.1f} - {max(measured) / MIB:.1f}",
-                     f"{est.peak_bytes / MIB:.1f}", f"{(est.peak_bytes / worst - 1) * 100:+.1f}%"])
+                     *earlier, f"{est.peak_bytes / MIB:.1f}",
+                     f"{(est.peak_bytes / worst - 1) * 100:+.1f}%"])
     return tabulate(rows, headers=["model", "measured MiB (processes)", "measured steps MiB",
+                                   *(["graph MiB before"] if before is not None else []),
                                    "graph MiB", "error"], tablefmt="github")
 
 
 def run(argv: list[str] | None, description: str, variants: dict[str, Any], batch: int,
-        processes: int, steps: int) -> int:
+        processes: int, steps: int, before: Any = None) -> int:
     """The command line of this script and of the others that measure
-    variants this way (``benchmarks.rnn_cells``): ``--processes`` and
-    ``--steps``, then the machine and :func:`table`."""
+    variants this way (``benchmarks.rnn_cells``, ``benchmarks.composite_layers``):
+    ``--processes`` and ``--steps``, then the machine and :func:`table`."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--processes", type=int, default=processes)
     parser.add_argument("--steps", type=int, default=steps)
@@ -105,7 +114,7 @@ def run(argv: list[str] | None, description: str, variants: dict[str, Any], batc
     from benchmarks import machine
 
     print(f"machine: {machine.describe(machine.facts())}")
-    print(table(variants, batch, args.processes, args.steps))
+    print(table(variants, batch, args.processes, args.steps, before=before))
     return 0
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import devices, optimizers, timing
-from .graph import BatchScaler, CallRecord, ModelGraph, trace_model
+from .graph import FREE_GRADIENT_TF_OPS, BatchScaler, CallRecord, ModelGraph, trace_model
 from .ir import LayerOp, Prim, WeightUse, with_upcast
 from .records import LayerRecord, MemoryEstimate
 from .rules import DEFAULT_RULES, Builder, Rule, RuleSet, category_of, using
@@ -28,16 +28,6 @@ from .units import dtype_bytes, human_bytes, round_up
 logger = logging.getLogger(__name__)
 
 _WARNED: set[str] = set()
-
-#: TensorFlow ops whose gradient reads none of their inputs.
-_FREE_GRAD_TF_OPS = {
-    "AddV2", "Add", "Sub", "Neg", "Cast", "Identity", "Reshape", "Pad", "PadV2",
-    "ConcatV2", "StridedSlice", "Slice", "Transpose", "ExpandDims", "Squeeze",
-    "Tile", "BiasAdd", "Pack", "Unpack", "Split", "SplitV", "Mean", "Sum",
-    "AddN", "Shape", "Const", "Placeholder", "ReadVariableOp", "BroadcastTo",
-    "GatherV2", "Reverse", "ReverseV2",
-}
-
 
 def check_options(caller: str, options: Mapping[str, Any], *also: str) -> None:
     """``options`` handed on to :func:`estimate` by ``caller``: a misspelt
@@ -92,7 +82,7 @@ def glue_rule(call: CallRecord) -> list[Prim]:
     if not call.outputs:
         return []
     ins = [f"in{i}" for i in range(len(call.inputs))]
-    cheap = all(op in _FREE_GRAD_TF_OPS for op in call.tf_ops)
+    cheap = all(op in FREE_GRADIENT_TF_OPS for op in call.tf_ops)
     views = all(op in ("Reshape", "Identity", "ExpandDims", "Squeeze", "Placeholder",
                        "ReadVariableOp", "Const") for op in call.tf_ops)
     if views and ins and call.inputs[0].nbytes == call.outputs[0].nbytes:
@@ -461,7 +451,8 @@ def estimate(
         graph = _graphs.at(batch_size)  # a BatchScaler for this model
     else:
         graph = trace_model(model, batch_size, input_shape=input_shape,
-                            is_leaf=lambda op: ruleset.lookup(op) is not None)
+                            is_leaf=lambda op: ruleset.lookup(op) is not None,
+                            whole_if_computing=method == "graph")
     if sharding.local_shapes:
         graph = _shard_weights(graph, sharding)
     if graph.merged:

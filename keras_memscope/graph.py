@@ -27,6 +27,15 @@ logger = logging.getLogger(__name__)
 
 Shape = tuple[int, ...]
 
+#: TensorFlow ops whose gradient reads none of their inputs.
+FREE_GRADIENT_TF_OPS = frozenset({
+    "AddV2", "Add", "Sub", "Neg", "Cast", "Identity", "Reshape", "Pad", "PadV2",
+    "ConcatV2", "StridedSlice", "Slice", "Transpose", "ExpandDims", "Squeeze",
+    "Tile", "BiasAdd", "Pack", "Unpack", "Split", "SplitV", "Mean", "Sum",
+    "AddN", "Shape", "Const", "Placeholder", "ReadVariableOp", "BroadcastTo",
+    "GatherV2", "Reverse", "ReverseV2",
+})
+
 
 @dataclasses.dataclass(frozen=True)
 class TensorInfo:
@@ -303,9 +312,11 @@ class _Tracer:
         self,
         model: Any,
         is_leaf: Callable[[Any], bool],
+        whole_if_computing: bool = False,
     ) -> None:
         self.model = model
         self.is_leaf = is_leaf
+        self.whole_if_computing = whole_if_computing
         self.ids: dict[str, int] = {}
         self.infos: dict[int, TensorInfo] = {}
         self.calls: list[CallRecord] = []
@@ -369,13 +380,52 @@ class _Tracer:
             path = f"{prefix}{name}"
             if type(op).__name__ == "InputLayer":
                 continue
-            if self.is_leaf(op) or not child.children:
+            if self.is_leaf(op) or not child.children or (
+                    self.whole_if_computing and self.computes_between(child)):
                 self.add_call(child, path)
             else:
                 self.walk(child, path + "/")
                 own = self.own_variables(op)
                 if own:
                     self.add_own_weights(op, path, own)
+
+    def computes_between(self, frame: _Frame) -> bool:
+        """Whether a layer (not a model) computes, in its own ``call``, with
+        TensorFlow ops whose gradient reads what they were given, between the
+        layers it calls (grouped-query attention between its projections, a
+        gate between two Dense layers). Such a layer is best traced whole:
+        opened, those ops would be one glue call, which keeps no intermediate
+        (the attention's probabilities, the key repeated for every head) and
+        no gradient temporaries. A layer around a recurrent loop is opened
+        as before (its loop is sized by its rule, which a whole trace would
+        not reach)."""
+        import keras
+
+        op = frame.op
+        if isinstance(op, keras.Model) or not isinstance(op, keras.layers.Layer):
+            return False
+        children = [c for c in frame.children if _in_graph(c.outputs, self.graph)]
+        stack = list(children)
+        while stack:
+            f = stack.pop()
+            if isinstance(f.op, keras.layers.RNN):
+                return False
+            stack.extend(f.children)
+        boundary = {t.name for t in _flat_tensors((frame.args, frame.kwargs))}
+        for c in children:
+            boundary.update(t.name for t in _flat_tensors(c.outputs))
+        pending = [t for c in children for t in _flat_tensors((c.args, c.kwargs))]
+        pending += _flat_tensors(frame.outputs)
+        seen: set[str] = set()
+        while pending:
+            t = pending.pop()
+            if t.name in seen or t.name in boundary or self.known(t):
+                continue
+            seen.add(t.name)
+            if t.op.type not in FREE_GRADIENT_TF_OPS and t.op.type != "VarHandleOp":
+                return True
+            pending.extend(t.op.inputs)
+        return False
 
     def own_variables(self, op: Any) -> list[Any]:
         """Variables of a container that no sub-layer owns."""
@@ -514,8 +564,14 @@ def trace_model(
     *,
     input_shape: Any = None,
     is_leaf: Callable[[Any], bool] = lambda op: False,
+    whole_if_computing: bool = False,
 ) -> ModelGraph:
-    """Record every layer call of one training-mode forward pass of ``model``."""
+    """Record every layer call of one training-mode forward pass of ``model``.
+
+    Layers for which ``is_leaf`` holds are recorded whole, other containers
+    opened into their calls; with ``whole_if_computing`` (the graph method,
+    which traces each call) also the layers that compute between their
+    sub-layers (:meth:`_Tracer.computes_between`)."""
     import keras
     import tensorflow as tf
     from keras import tree
@@ -538,7 +594,7 @@ def trace_model(
         return model(args, training=True)
 
     root = _Frame(op=None, parent=None)
-    tracer = _Tracer(model, is_leaf)
+    tracer = _Tracer(model, is_leaf, whole_if_computing)
     # A model built weightlessly has deferred variables: trace it inside a
     # stateless scope, where reading them gives symbolic initial values.
     scope = weightless() if has_deferred_variables(model) else contextlib.nullcontext()

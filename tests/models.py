@@ -270,3 +270,66 @@ def custom_cell_rnn() -> keras.Model:
     x = keras.Input((200, 64))
     return keras.Model(x, layers.Dense(4)(layers.RNN(MinimalCell(256))(x)),
                        name="custom_cell_rnn")
+
+
+def causal_gqa() -> keras.Model:
+    """Causal grouped-query attention (8 query heads, 2 key/value heads of
+    32) over 128 steps of 128 features, pooled to 4 outputs."""
+    x = keras.Input((128, 128))
+    h = layers.GroupQueryAttention(32, 8, 2)(x, x, use_causal_mask=True)
+    return keras.Model(x, layers.Dense(4)(layers.GlobalAveragePooling1D()(h)),
+                       name="causal_gqa")
+
+
+@keras.saving.register_keras_serializable(package="memscope_tests")
+class GatedFeedForward(keras.layers.Layer):
+    """A GELU-gated feed-forward block: two Dense projections multiplied
+    in the layer's own ``call``, then a third."""
+
+    def __init__(self, hidden: int, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = hidden
+
+    def build(self, input_shape):
+        self.gate = layers.Dense(self.hidden)
+        self.up = layers.Dense(self.hidden)
+        self.down = layers.Dense(input_shape[-1])
+
+    def call(self, x):
+        return self.down(keras.ops.gelu(self.gate(x)) * self.up(x))
+
+    def get_config(self):
+        return {**super().get_config(), "hidden": self.hidden}
+
+
+def gated_feed_forward() -> keras.Model:
+    """Two GatedFeedForward blocks of 512 over 64 steps of 128 features."""
+    x = keras.Input((64, 128))
+    h = GatedFeedForward(512)(GatedFeedForward(512)(x))
+    return keras.Model(x, layers.Dense(4)(layers.GlobalAveragePooling1D()(h)),
+                       name="gated_feed_forward")
+
+
+@keras.saving.register_keras_serializable(package="memscope_tests")
+class ScaledAttention(layers.Layer):
+    """Self-attention as users write it: one Dense for queries, keys and
+    values, the scores divided by the square root of the head size, a
+    softmax, a Dense out."""
+
+    def __init__(self, dim: int = 128, heads: int = 4, **kwargs):
+        super().__init__(**kwargs)
+        self.dim, self.heads = dim, heads
+        self.qkv = layers.Dense(3 * dim)
+        self.out = layers.Dense(dim)
+
+    def call(self, x):
+        ops = keras.ops
+        b, t = ops.shape(x)[0], ops.shape(x)[1]
+        size = self.dim // self.heads
+        qkv = ops.reshape(self.qkv(x), (b, t, 3, self.heads, size))
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        p = ops.softmax(ops.einsum("bthd,bshd->bhts", q, k) / size ** 0.5, axis=-1)
+        return self.out(ops.reshape(ops.einsum("bhts,bshd->bthd", p, v), (b, t, self.dim)))
+
+    def get_config(self):
+        return {**super().get_config(), "dim": self.dim, "heads": self.heads}

@@ -1,0 +1,91 @@
+"""Layers that compute between the layers they call, measured beside their estimate.
+
+Keras' ``GroupQueryAttention`` (its attention runs between its four
+projections), a custom attention layer and a custom gated feed-forward
+block. The graph method traces such a layer whole; the column "graph MiB
+before" is its estimate with the layer opened into its sub-layers and the
+ops between them one glue call, as it was before.
+
+    python -m benchmarks.composite_layers [--processes 2] [--steps 5]
+
+Batch 32 under Adam; each variant measured in ``--processes`` fresh
+processes and estimated (``benchmarks.quantized.table``). Each is a
+function here, for ``python -m benchmarks.allocation_trace --model
+benchmarks.composite_layers:gqa``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+from keras import layers  # noqa: E402
+
+
+def _pooled(x: Any, h: Any, name: str) -> Any:
+    return keras.Model(x, layers.Dense(4)(layers.GlobalAveragePooling1D()(h)), name=name)
+
+
+def gqa() -> Any:
+    x = keras.Input((64, 128))
+    return _pooled(x, layers.GroupQueryAttention(32, 8, 2)(x, x), "gqa")
+
+
+def gqa_causal() -> Any:
+    from tests.models import causal_gqa
+
+    return causal_gqa()
+
+
+def gqa_dropout() -> Any:
+    x = keras.Input((64, 128))
+    h = layers.GroupQueryAttention(32, 8, 4, dropout=0.1)(x, x)
+    return _pooled(x, h, "gqa_dropout")
+
+
+def scaled_attention() -> Any:
+    from tests.models import ScaledAttention
+
+    x = keras.Input((96, 128))
+    h = layers.LayerNormalization()(ScaledAttention()(x) + x)
+    return _pooled(x, h, "scaled_attention")
+
+
+def gated_feed_forward() -> Any:
+    from tests.models import gated_feed_forward as built
+
+    return built()
+
+
+VARIANTS = {"GroupQueryAttention(32, 8, 2), 64 x 128": gqa,
+            "GroupQueryAttention(32, 8, 2), causal, 128 x 128": gqa_causal,
+            "GroupQueryAttention(32, 8, 4, dropout=0.1), 64 x 128": gqa_dropout,
+            "custom attention, scores / sqrt(32), 96 x 128": scaled_attention,
+            "two custom GELU-gated feed-forward blocks of 512, 64 x 128": gated_feed_forward}
+
+
+@contextlib.contextmanager
+def opened() -> Iterator[None]:
+    """Estimates made inside open every layer without a rule into its calls."""
+    from unittest import mock
+
+    from keras_memscope.graph import _Tracer
+
+    with mock.patch.object(_Tracer, "computes_between", lambda self, frame: False):
+        yield
+
+
+def main(argv: list[str] | None = None) -> int:
+    from benchmarks.quantized import run
+
+    return run(argv, __doc__.splitlines()[0], VARIANTS, 32, processes=2, steps=5,
+               before=opened)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
