@@ -622,6 +622,13 @@ def estimate(
             "step, and XLA assigns the step's buffers itself; this estimate follows "
             "TensorFlow's executor without XLA, as memscope.measure trains; compile with "
             "jit_compile=False to train as estimated")
+    own_step = _own_train_step(model)
+    if own_step:
+        notes.append(
+            f"{own_step}.train_step replaces Keras' training step: this estimate is of "
+            "Keras' own (one forward pass, its gradient, one optimizer update); a step that "
+            "does more (a second forward pass, a gradient penalty, a second optimizer) "
+            "holds more. memscope.measure trains with the model's own step")
     trainable = [w for w in graph.variables if w.trainable]
     # new buffers per update: the optimizer's, and the copy of a weight its
     # input gradient still reads
@@ -677,6 +684,15 @@ def estimate(
         remat=(remat_spec.describe() if remat_spec else
                ", ".join(sorted({s.describe() for s in per_layer.values()}))),
     )
+
+
+def _own_train_step(model: Any) -> str | None:
+    """The name of the class that overrides Keras' ``train_step``, where one
+    outside Keras does."""
+    for cls in type(model).__mro__:
+        if "train_step" in vars(cls):
+            return None if cls.__module__.split(".")[0] == "keras" else cls.__qualname__
+    return None
 
 
 def _compiled_with_xla(model: Any) -> bool:

@@ -333,3 +333,31 @@ class ScaledAttention(layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "dim": self.dim, "heads": self.heads}
+
+
+@keras.saving.register_keras_serializable(package="memscope_tests")
+class TwoViews(keras.Model):
+    """A model whose own ``train_step`` runs two forward passes (the batch and
+    its half) under one tape and adds their squared difference to the loss."""
+
+    def train_step(self, data):
+        import tensorflow as tf
+
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
+        with tf.GradientTape() as tape:
+            a = self(x, training=True)
+            b = self(x * 0.5, training=True)
+            loss = self.compute_loss(x=x, y=y, y_pred=a) + keras.ops.mean(keras.ops.square(a - b))
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        return {"loss": loss}
+
+
+def two_views(own_step: bool = True) -> keras.Model:
+    """Two 3 x 3 convolutions of 32 over 32 x 32 x 3, pooled to 10 classes;
+    with ``own_step`` a :class:`TwoViews`, else a plain Functional model."""
+    x = keras.Input((32, 32, 3))
+    h = layers.Conv2D(32, 3, padding="same", activation="relu")(x)
+    h = layers.Conv2D(32, 3, padding="same", activation="relu")(h)
+    y = layers.Dense(10)(layers.GlobalAveragePooling2D()(h))
+    return (TwoViews if own_step else keras.Model)(x, y, name="two_views")
