@@ -412,8 +412,9 @@ class _Tracer:
                 return False
             stack.extend(f.children)
         boundary = {t.name for t in _flat_tensors((frame.args, frame.kwargs))}
-        for c in children:
-            boundary.update(t.name for t in _flat_tensors(c.outputs))
+        for c in children:  # what they made (a Dropout of rate 0 returns its input)
+            given = {t.name for t in _flat_tensors((c.args, c.kwargs))}
+            boundary.update(t.name for t in _flat_tensors(c.outputs) if t.name not in given)
         pending = [t for c in children for t in _flat_tensors((c.args, c.kwargs))]
         pending += _flat_tensors(frame.outputs)
         seen: set[str] = set()

@@ -677,7 +677,10 @@ def _trace(call: CallRecord, xla_buffers: bool = True) -> list[Prim]:
         args = tree.map_structure(swap, call.args)
         kwargs = tree.map_structure(swap, call.kwargs)
         floats = [x for x in xs if x.dtype.is_floating]
-        if getattr(layer, "_call_has_training_arg", False) and "training" not in kwargs:
+        if isinstance(layer, keras.layers.Layer) and "training" not in kwargs:
+            # (a call without a training argument has it stripped by Keras,
+            # which hands it on to the layers it calls: a block traced whole
+            # runs its Dropout as in training)
             kwargs["training"] = True
         mapping = list(zip(trainable + frozen, tw + ntw))
         scope = keras.StatelessScope(state_mapping=mapping, collect_losses=True)

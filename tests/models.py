@@ -361,3 +361,32 @@ def two_views(own_step: bool = True) -> keras.Model:
     h = layers.Conv2D(32, 3, padding="same", activation="relu")(h)
     y = layers.Dense(10)(layers.GlobalAveragePooling2D()(h))
     return (TwoViews if own_step else keras.Model)(x, y, name="two_views")
+
+
+@keras.saving.register_keras_serializable(package="memscope_tests")
+class DropoutFeedForward(keras.layers.Layer):
+    """Dense, GELU, Dropout, Dense, in a ``call`` that takes no training
+    argument (Keras hands the model's on to the Dropout)."""
+
+    def __init__(self, hidden: int, rate: float, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden, self.rate = hidden, rate
+
+    def build(self, input_shape):
+        self.up = layers.Dense(self.hidden)
+        self.drop = layers.Dropout(self.rate)
+        self.down = layers.Dense(input_shape[-1])
+
+    def call(self, x):
+        return self.down(self.drop(keras.ops.gelu(self.up(x))))
+
+    def get_config(self):
+        return {**super().get_config(), "hidden": self.hidden, "rate": self.rate}
+
+
+def dropout_feed_forward(rate: float = 0.3) -> keras.Model:
+    """A DropoutFeedForward block of 512 over 64 steps of 128 features."""
+    x = keras.Input((64, 128))
+    h = DropoutFeedForward(512, rate)(x)
+    return keras.Model(x, layers.Dense(4)(layers.GlobalAveragePooling1D()(h)),
+                       name="dropout_feed_forward")

@@ -13,7 +13,15 @@ from keras import layers
 import keras_memscope as memscope
 from keras_memscope.units import human_bytes
 
-from .models import Gated, causal_gqa, custom_cell_rnn, gated_feed_forward, gated_mlp, small_cnn
+from .models import (
+    Gated,
+    causal_gqa,
+    custom_cell_rnn,
+    dropout_feed_forward,
+    gated_feed_forward,
+    gated_mlp,
+    small_cnn,
+)
 
 
 def test_graph_method_agrees_with_rules_on_known_layers():
@@ -177,6 +185,21 @@ def test_a_layer_computing_between_its_sublayers_is_traced_whole(make, batch, wh
     worst = max(r.peak_bytes for r in runs)
     assert abs(est.peak_bytes / worst - 1) <= 0.15, (est.history_peaks,
                                                      [r.step_peak_bytes for r in runs])
+
+
+def test_a_block_traced_whole_runs_its_dropout_as_in_training():
+    """A block traced whole whose ``call`` takes no training argument runs
+    its Dropout as in training, as Keras does inside ``fit`` (it strips the
+    argument from such a call and hands it on to the layers it calls): the
+    block keeps the dropout's mask, one byte per hidden element, beyond what
+    it keeps without dropout. Before, the block ran its Dropout as in
+    inference and kept the same with and without."""
+    kept = {}
+    for rate in (0.0, 0.3):
+        est = memscope.estimate(dropout_feed_forward(rate), 8, optimizer="sgd", device="cpu")
+        (record,) = [r for r in est.layers if r.class_name == "DropoutFeedForward"]
+        kept[rate] = record.activation_bytes
+    assert kept[0.3] - kept[0.0] >= 8 * 64 * 512, kept
 
 
 def test_calls_differing_only_in_arguments_are_traced_apart():
