@@ -447,8 +447,10 @@ def estimate(
     if blockers:
         raise ValueError(remat_lib.blocked_note(blockers) + "; Keras fails in the first "
                          "training step, so there is no step to estimate")
-    if _graphs is not None and dtype_policy is None and not rules:
-        graph = _graphs.at(batch_size)  # a BatchScaler for this model
+    if _graphs is not None and dtype_policy is None and not rules and method == "rules":
+        # a BatchScaler for this model (its traces open every layer no rule
+        # knows: the graph method traces some of those whole)
+        graph = _graphs.at(batch_size)
     else:
         graph = trace_model(model, batch_size, input_shape=input_shape,
                             is_leaf=lambda op: ruleset.lookup(op) is not None,
