@@ -1,10 +1,11 @@
 """Layers that compute between the layers they call, measured beside their estimate.
 
 Keras' ``GroupQueryAttention`` (its attention runs between its four
-projections), a custom attention layer and a custom gated feed-forward
-block. The graph method traces such a layer whole; the column "graph MiB
-before" is its estimate with the layer opened into its sub-layers and the
-ops between them one glue call, as it was before.
+projections), a custom attention layer, a custom gated feed-forward block
+and Swin-style window attention with a relative-position bias. The graph
+method traces such a layer whole; the column "graph MiB before" is its
+estimate with the layer opened into its sub-layers and the ops between
+them one glue call, as it was before.
 
     python -m benchmarks.composite_layers [--processes 2] [--steps 5]
 
@@ -62,11 +63,25 @@ def gated_feed_forward() -> Any:
     return built()
 
 
+def window_attention() -> Any:
+    from tests.models import WindowAttention
+
+    inputs = keras.Input((64, 96))  # one 8 x 8 window of 96 channels per sample
+    x = inputs
+    for _ in range(2):
+        x = layers.Add()([x, WindowAttention()(layers.LayerNormalization()(x))])
+        h = layers.Dense(384, activation="gelu")(layers.LayerNormalization()(x))
+        x = layers.Add()([x, layers.Dense(96)(h)])
+    return _pooled(inputs, x, "window_attention")
+
+
 VARIANTS = {"GroupQueryAttention(32, 8, 2), 64 x 128": gqa,
             "GroupQueryAttention(32, 8, 2), causal, 128 x 128": gqa_causal,
             "GroupQueryAttention(32, 8, 4, dropout=0.1), 64 x 128": gqa_dropout,
             "custom attention, scores / sqrt(32), 96 x 128": scaled_attention,
-            "two custom GELU-gated feed-forward blocks of 512, 64 x 128": gated_feed_forward}
+            "two custom GELU-gated feed-forward blocks of 512, 64 x 128": gated_feed_forward,
+            "two Swin-style blocks, window attention with a relative-position bias, "
+            "64 x 96": window_attention}
 
 
 @contextlib.contextmanager

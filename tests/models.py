@@ -390,3 +390,43 @@ def dropout_feed_forward(rate: float = 0.3) -> keras.Model:
     h = DropoutFeedForward(512, rate)(x)
     return keras.Model(x, layers.Dense(4)(layers.GlobalAveragePooling1D()(h)),
                        name="dropout_feed_forward")
+
+
+@keras.saving.register_keras_serializable(package="memscope_tests")
+class WindowAttention(layers.Layer):
+    """Self-attention over one window of ``window`` x ``window`` tokens with a
+    learned relative-position bias (as Swin Transformer writes it): the bias
+    table gathered per pair of positions and added to the scores."""
+
+    def __init__(self, dim: int = 96, heads: int = 3, window: int = 8, **kwargs):
+        super().__init__(**kwargs)
+        self.dim, self.heads, self.window = dim, heads, window
+        self.qkv = layers.Dense(3 * dim)
+        self.proj = layers.Dense(dim)
+        self.drop = layers.Dropout(0.1)
+        import numpy as np
+
+        grid = np.stack(np.meshgrid(np.arange(window), np.arange(window), indexing="ij"))
+        flat = grid.reshape(2, -1)
+        rel = (flat[:, :, None] - flat[:, None, :]).transpose(1, 2, 0) + (window - 1)
+        self.index = (rel[..., 0] * (2 * window - 1) + rel[..., 1]).reshape(-1).astype("int32")
+
+    def build(self, input_shape):
+        self.table = self.add_weight(shape=((2 * self.window - 1) ** 2, self.heads),
+                                     initializer="zeros", name="table")
+
+    def call(self, x):
+        ops = keras.ops
+        b, n, size = ops.shape(x)[0], ops.shape(x)[1], self.dim // self.heads
+        qkv = ops.transpose(ops.reshape(self.qkv(x), (b, n, 3, self.heads, size)),
+                            (2, 0, 3, 1, 4))
+        scores = ops.matmul(qkv[0] * size ** -0.5, ops.transpose(qkv[1], (0, 1, 3, 2)))
+        bias = ops.reshape(ops.take(self.table, self.index, axis=0), (n, n, self.heads))
+        scores = scores + ops.expand_dims(ops.transpose(bias, (2, 0, 1)), 0)
+        p = self.drop(ops.softmax(scores, axis=-1))
+        y = ops.reshape(ops.transpose(ops.matmul(p, qkv[2]), (0, 2, 1, 3)), (b, n, self.dim))
+        return self.proj(y)
+
+    def get_config(self):
+        return {**super().get_config(), "dim": self.dim, "heads": self.heads,
+                "window": self.window}
