@@ -398,7 +398,10 @@ class _Tracer:
         (the attention's probabilities, the key repeated for every head) and
         no gradient temporaries. A layer around a recurrent loop is opened
         as before (its loop is sized by its rule, which a whole trace would
-        not reach)."""
+        not reach), and so is one around a model: traced as one call, a
+        whole network's gradient is scheduled as one layer's (a MobileNetV2
+        inside a layer that scales its output: 511 MiB against 402-417
+        measured, 462 opened, 424 for the network alone)."""
         import keras
 
         op = frame.op
@@ -408,7 +411,7 @@ class _Tracer:
         stack = list(children)
         while stack:
             f = stack.pop()
-            if isinstance(f.op, keras.layers.RNN):
+            if isinstance(f.op, (keras.layers.RNN, keras.Model)):
                 return False
             stack.extend(f.children)
         boundary = {t.name for t in _flat_tensors((frame.args, frame.kwargs))}
