@@ -27,56 +27,44 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 from keras import layers  # noqa: E402
 
-
-def _pooled(x: Any, h: Any, name: str) -> Any:
-    return keras.Model(x, layers.Dense(4)(layers.GlobalAveragePooling1D()(h)), name=name)
+from tests.models import (  # noqa: E402
+    ScaledAttention,
+    WindowAttention,
+    causal_gqa,
+    gated_feed_forward,
+    pooled,
+)
 
 
 def gqa() -> Any:
     x = keras.Input((64, 128))
-    return _pooled(x, layers.GroupQueryAttention(32, 8, 2)(x, x), "gqa")
-
-
-def gqa_causal() -> Any:
-    from tests.models import causal_gqa
-
-    return causal_gqa()
+    return pooled(x, layers.GroupQueryAttention(32, 8, 2)(x, x), "gqa")
 
 
 def gqa_dropout() -> Any:
     x = keras.Input((64, 128))
     h = layers.GroupQueryAttention(32, 8, 4, dropout=0.1)(x, x)
-    return _pooled(x, h, "gqa_dropout")
+    return pooled(x, h, "gqa_dropout")
 
 
 def scaled_attention() -> Any:
-    from tests.models import ScaledAttention
-
     x = keras.Input((96, 128))
     h = layers.LayerNormalization()(ScaledAttention()(x) + x)
-    return _pooled(x, h, "scaled_attention")
-
-
-def gated_feed_forward() -> Any:
-    from tests.models import gated_feed_forward as built
-
-    return built()
+    return pooled(x, h, "scaled_attention")
 
 
 def window_attention() -> Any:
-    from tests.models import WindowAttention
-
     inputs = keras.Input((64, 96))  # one 8 x 8 window of 96 channels per sample
     x = inputs
     for _ in range(2):
         x = layers.Add()([x, WindowAttention()(layers.LayerNormalization()(x))])
         h = layers.Dense(384, activation="gelu")(layers.LayerNormalization()(x))
         x = layers.Add()([x, layers.Dense(96)(h)])
-    return _pooled(inputs, x, "window_attention")
+    return pooled(inputs, x, "window_attention")
 
 
 VARIANTS = {"GroupQueryAttention(32, 8, 2), 64 x 128": gqa,
-            "GroupQueryAttention(32, 8, 2), causal, 128 x 128": gqa_causal,
+            "GroupQueryAttention(32, 8, 2), causal, 128 x 128": causal_gqa,
             "GroupQueryAttention(32, 8, 4, dropout=0.1), 64 x 128": gqa_dropout,
             "custom attention, scores / sqrt(32), 96 x 128": scaled_attention,
             "two custom GELU-gated feed-forward blocks of 512, 64 x 128": gated_feed_forward,

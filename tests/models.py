@@ -272,13 +272,18 @@ def custom_cell_rnn() -> keras.Model:
                        name="custom_cell_rnn")
 
 
+def pooled(x, h, name: str) -> keras.Model:
+    """A model from input ``x`` to a sequence ``h``, averaged over its steps
+    into 4 outputs."""
+    return keras.Model(x, layers.Dense(4)(layers.GlobalAveragePooling1D()(h)), name=name)
+
+
 def causal_gqa() -> keras.Model:
     """Causal grouped-query attention (8 query heads, 2 key/value heads of
     32) over 128 steps of 128 features, pooled to 4 outputs."""
     x = keras.Input((128, 128))
     h = layers.GroupQueryAttention(32, 8, 2)(x, x, use_causal_mask=True)
-    return keras.Model(x, layers.Dense(4)(layers.GlobalAveragePooling1D()(h)),
-                       name="causal_gqa")
+    return pooled(x, h, "causal_gqa")
 
 
 @keras.saving.register_keras_serializable(package="memscope_tests")
@@ -306,8 +311,7 @@ def gated_feed_forward() -> keras.Model:
     """Two GatedFeedForward blocks of 512 over 64 steps of 128 features."""
     x = keras.Input((64, 128))
     h = GatedFeedForward(512)(GatedFeedForward(512)(x))
-    return keras.Model(x, layers.Dense(4)(layers.GlobalAveragePooling1D()(h)),
-                       name="gated_feed_forward")
+    return pooled(x, h, "gated_feed_forward")
 
 
 @keras.saving.register_keras_serializable(package="memscope_tests")
@@ -388,8 +392,7 @@ def dropout_feed_forward(rate: float = 0.3) -> keras.Model:
     """A DropoutFeedForward block of 512 over 64 steps of 128 features."""
     x = keras.Input((64, 128))
     h = DropoutFeedForward(512, rate)(x)
-    return keras.Model(x, layers.Dense(4)(layers.GlobalAveragePooling1D()(h)),
-                       name="dropout_feed_forward")
+    return pooled(x, h, "dropout_feed_forward")
 
 
 @keras.saving.register_keras_serializable(package="memscope_tests")
