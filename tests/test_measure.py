@@ -1301,9 +1301,15 @@ def test_an_update_runs_beside_the_last_filter_gradient():
     ran beside the job). Traced and estimated with oneDNN's
     kernels: TensorFlow's own give the filter gradient a column buffer (31.8
     MiB with one channel), at whose peak the update has not started (115.8
-    MiB estimated, 113.8 measured in two processes)."""
-    beside = _in_fresh_process(UPDATE_BESIDE.format(model="filters = 1\n" + TEXT_CONV),
-                               env=ONEDNN)
+    MiB estimated, 113.8 measured in two processes). Whether it does is a
+    race of two threads that differs from process to process: 2-4 of the
+    twelve profiled steps of most processes, none in about one of five
+    (six processes here: 4, 4, 2, 3, 4, 3 of 12); up to two processes are
+    profiled."""
+    code = UPDATE_BESIDE.format(model="filters = 1\n" + TEXT_CONV)
+    beside = _in_fresh_process(code, env=ONEDNN)
+    if not any(beside):
+        beside += _in_fresh_process(code, env=ONEDNN)
     assert any(beside), beside
     held = {int(k): {tuple(h) for h in v}
             for k, v in _in_fresh_process(f"MODEL = {TEXT_CONV!r}\n" + UPDATE_HELD,
