@@ -54,6 +54,13 @@ place:
 * ``six-steps``: the CPU's simulated orders each run six steps after the
   warm-up, the highest kept (``DeviceProfile.simulated_steps``), as
   ``benchmarks/accuracy.py`` measures six;
+* ``per-prim-workspace``: the intermediates a layer's gradient ops make
+  beyond the gradients the schedule holds are held beside the gradients of
+  the forward op whose gradient function made them (the tape's own record,
+  at their highest there), and a forward op whose gradient writes into the
+  gradient it was given hands it on as its input's
+  (``keras_memscope.tfgraph.PER_PRIM_WORKSPACE``), where the layer's
+  highest is held where its gradient starts and where it ends;
 * ``updates-take-time``: an optimizer update made while the step goes on
   holds its gradient and one variable-sized temporary for its simulated
   seconds, beside what is allocated meanwhile
@@ -76,7 +83,8 @@ from typing import Any
 
 VARIANTS = ("first-chunk", "matmul-shapes", "onednn-speeds", "ratio", "add-pass-through",
             "read-together", "update-busy", "onednn-conv-ratios", "weight-gradient-first",
-            "timed-copies", "six-steps", "updates-take-time", "saved-inputs-donate")
+            "timed-copies", "six-steps", "updates-take-time", "saved-inputs-donate",
+            "per-prim-workspace")
 #: the kernels ``weight-gradient-first`` starts first
 FIRST_KERNELS = frozenset({"conv", "conv_transpose", "matmul"})
 #: the variants that set a switch of ``keras_memscope.schedule``: its name and value
@@ -115,7 +123,7 @@ def variants(names: Sequence[str], ratio_sigma: float = 0.22) -> Iterator[None]:
     """The step's model with the named variants in place, restored after."""
     import dataclasses
 
-    from keras_memscope import allocator, devices, estimator, schedule, timing
+    from keras_memscope import allocator, devices, estimator, schedule, tfgraph, timing
 
     unknown = sorted(set(names) - set(VARIANTS))
     if unknown:
@@ -130,6 +138,10 @@ def variants(names: Sequence[str], ratio_sigma: float = 0.22) -> Iterator[None]:
     for name in names:
         if name in switches:
             setattr(schedule, *switches[name])
+    saved_per_prim = tfgraph.PER_PRIM_WORKSPACE
+    if "per-prim-workspace" in names:
+        tfgraph.PER_PRIM_WORKSPACE = True
+        tfgraph._CACHE.clear()  # (traced before with the switch off)
     if "six-steps" in names:
         devices._cpu_profile = lambda: dataclasses.replace(saved_cpu(), simulated_steps=6)
     if "onednn-speeds" in names:
@@ -172,6 +184,9 @@ def variants(names: Sequence[str], ratio_sigma: float = 0.22) -> Iterator[None]:
         for attr, value in saved_switches.items():
             setattr(schedule, attr, value)
         devices._cpu_profile = saved_cpu
+        if tfgraph.PER_PRIM_WORKSPACE != saved_per_prim:
+            tfgraph.PER_PRIM_WORKSPACE = saved_per_prim
+            tfgraph._CACHE.clear()
 
 
 def main(argv: list[str] | None = None) -> int:

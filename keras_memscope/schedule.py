@@ -313,6 +313,15 @@ UPDATES_TAKE_TIME = False
 #: saved-inputs-donate``) and not adopted: benchmarks/RESULTS.md, "A GELU
 #: gradient written into its forward tensors (tried, not adopted)".
 SAVED_INPUTS_DONATE = False
+#: Whether an element-wise prim whose weight gradient is a product summed
+#: down to the weight (a learned scale's ``w * x``: ``Prim.workspace_for``
+#: on the weight) writes no input gradient into its output gradient: the
+#: weight gradient's product reads that gradient too and runs after the input
+#: gradient is made, so the buffer has two readers when the input gradient's
+#: kernel looks (an allocator trace of an additive attention's ``w *
+#: tanh(q + k)``, b64: the output gradient, the input gradient and the scale's
+#: product, 64 MiB each, alive together).
+WEIGHT_GRADIENT_READS_FIRST = True
 
 
 def _handed_on(f: _Flat) -> set[int]:
@@ -1407,8 +1416,16 @@ def simulate(
                             and times is not None
                             and not any(j.left > 0 for j in jobs)
                             and update_busy[0] <= clock)
+            # (a weight gradient that reads the output gradient has yet to run:
+            # the input gradient is not its only reader and writes beside it,
+            # as the input and scale products of an additive attention's
+            # ``w * tanh(q + k)`` do in the allocator trace, 64 MiB each)
             reusable = ([b for b in out_grads if not grad_shares[b]]
-                        if p.grad_inplace and not side_by_side else [])
+                        if p.grad_inplace and not side_by_side
+                        and not (WEIGHT_GRADIENT_READS_FIRST and any(
+                            f.ins[p.inputs.index(ref)] in wts
+                            for ref, n in p.workspace_for if n and ref in p.inputs))
+                        else [])
             # the tensors saved for this gradient alone (no weight gradient
             # reads them), which an input gradient may be written into
             donors = ([s for s in dict.fromkeys(f.saved)

@@ -28,7 +28,7 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any
 
 from . import xla
@@ -663,6 +663,7 @@ def _trace(call: CallRecord, xla_buffers: bool = True) -> list[Prim]:
     out_names: list[str] = []
     n_in, n_t = len(specs), len(trainable)
     input_gradient_count: list[int] = []
+    grad_owners: dict[str, str] = {}  # gradient op -> the forward op it is the gradient of
 
     def step(*all_args: Any) -> Any:
         xs = all_args[:n_in]
@@ -703,7 +704,8 @@ def _trace(call: CallRecord, xla_buffers: bool = True) -> list[Prim]:
         if added and len(incoming) == len(targets):
             targets = targets + added
             incoming = incoming + [tf.ones_like(x) for x in added]
-        grads = tape.gradient(targets, floats + tw, output_gradients=incoming or None)
+        with _recording_owners(grad_owners):
+            grads = tape.gradient(targets, floats + tw, output_gradients=incoming or None)
         input_gradient_count.append(sum(g is not None for g in grads[:len(floats)]))
         # only the gradients are returned: returning the outputs would add
         # ops after the forward pass that read them
@@ -761,7 +763,72 @@ def _trace(call: CallRecord, xla_buffers: bool = True) -> list[Prim]:
     upstream = args[n_in + len(weight_specs):n_in + len(weight_specs) + len(grad_specs)]
     forward, backward, hoisted = _hoist(graph, ops[:split], ran, upstream)
     return _to_prims(call, graph, forward, backward, out_names, xla_buffers, upstream,
-                     hoisted=hoisted)
+                     hoisted=hoisted, grad_owners=grad_owners)
+
+
+def _mocked_op(op: Any) -> str | None:
+    """The name of the forward op the tape hands a gradient function as a
+    stand-in (with its outputs, or only its inputs where the function reads
+    no output): that of its outputs, else the one op of its type that reads
+    exactly its inputs."""
+    for t in getattr(op, "outputs", None) or ():
+        if hasattr(t, "op"):
+            return t.op.name
+    inputs = [t.name for t in getattr(op, "inputs", None) or () if hasattr(t, "consumers")]
+    if not inputs:
+        return None
+    first = next(t for t in op.inputs if hasattr(t, "consumers"))
+    found = {c.name for c in first.consumers()
+             if c.type == getattr(op, "type", None) and [t.name for t in c.inputs] == inputs}
+    return found.pop() if len(found) == 1 else None
+
+
+@contextlib.contextmanager
+def _recording_owners(owners: dict[str, str]) -> Iterator[None]:
+    """While a tape computes gradients in a graph, note for each op a
+    gradient function makes the forward op it is the gradient of (the tape
+    looks each function up in TensorFlow's registry as it goes; a gradient
+    op's name tells its forward op only where the forward op's name scope
+    holds nothing else)."""
+    import tensorflow as tf
+
+    try:
+        from tensorflow.python.framework import ops as tf_ops
+
+        registry = tf_ops._gradient_registry
+        lookup = registry.lookup
+    except (ImportError, AttributeError):  # another TensorFlow: names only
+        yield
+        return
+    graph = tf.compat.v1.get_default_graph()
+
+    def recording(name: str) -> Any:
+        fn = lookup(name)
+        if fn is None:
+            return fn
+
+        def gradient(op: Any, *grads: Any) -> Any:
+            start = len(graph.get_operations())
+            out = fn(op, *grads)
+            made = _mocked_op(op)
+            if made is not None:
+                for new in graph.get_operations()[start:]:
+                    owners.setdefault(new.name, made)
+            return out
+
+        return gradient
+
+    class Recording:  # the registry, each function it gives noting what it makes
+        def __getattr__(self, name: str) -> Any:
+            return getattr(registry, name)
+
+        lookup = staticmethod(recording)
+
+    tf_ops._gradient_registry = Recording()
+    try:
+        yield
+    finally:
+        tf_ops._gradient_registry = registry
 
 
 def _gathers_rows(op: Any) -> bool:
@@ -874,7 +941,8 @@ def _control_free(graph: Any, names: set[str]) -> set[str]:
 def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
               backward: list[Any], out_names: list[str],
               xla_buffers: bool = True, upstream: Sequence[Any] = (),
-              hoisted: set[str] = frozenset()) -> list[Prim]:
+              hoisted: set[str] = frozenset(),
+              grad_owners: dict[str, str] | None = None) -> list[Prim]:
     placeholders = [t for t in graph.inputs if t.dtype.name != "resource"][:len(call.inputs)]
     ref: dict[str, str] = {t.name: f"in{i}" for i, t in enumerate(placeholders)}
     # weights: each weight placeholder is the weight's reference
@@ -892,6 +960,10 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
     in_activation: set[str] = set()  # hoisted ops that read the activation's tensors
     hoisted_reads = {t.name for op in forward if op.name in hoisted for t in op.inputs}
     owner = _gradient_op_owners(forward, hoisted)
+    # (the tape's record: used for what the gradient ops hold beyond the
+    # schedule's gradients; the names still decide the rest, against which
+    # the other rules were measured)
+    exact = _gradient_op_owners(forward, hoisted, grad_owners or {})
     shared_incoming = _incoming_read_together(backward, owner, upstream)
     # the temporary buffer of an XLA-compiled gradient (a grouped
     # convolution's on the CPU) is allocated while that gradient runs: the
@@ -907,6 +979,22 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
         if temp:
             xla_backward[found.name] = xla_backward.get(found.name, 0) + temp
             xla_owned.add(op.name)
+    # the forward tensors only this layer's gradient reads (not its results,
+    # which the next layer's gradient may read too, nor its inputs or views
+    # of them) are held by nobody once their last gradient reader runs: an
+    # element-wise gradient op writes into them (RMSNormalization's product
+    # of the incoming gradient with the normalized input is written into
+    # that input in the allocator trace, and allocates nothing)
+    backward_readers: dict[str, int] = {}
+    for op in backward:
+        for t in op.inputs:
+            backward_readers[t.name] = backward_readers.get(t.name, 0) + 1
+    outputs_of = {t.name for t in outs}
+    internal_names = {
+        t.name for op in forward for t in op.outputs
+        if t.name in saved and t.name not in outputs_of and backward_readers.get(t.name) == 1
+        and op.type not in VIEW_OPS and not _identity_arithmetic(op)
+        and not (op.type == "IdentityN")}
     early: list[int] = []  # the hoisted ops' prims
     prim_ops: list[Any] = []  # the op of each prim made here
     for op in forward:
@@ -994,6 +1082,12 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
                     workspace_for[r] = workspace_for.get(r, 0) + nbytes
         for i, nbytes in _broadcast_gradients(op).items():
             r = ref.get(op.inputs[i].name)
+            if op.type in _BROADCAST_PRODUCTS and op.inputs[1 - i].name in internal_names:
+                # the product of the output gradient with the other operand,
+                # a forward tensor this product alone reads, is written into
+                # that tensor (RMSNormalization's scale gradient: no
+                # allocation in the allocator trace)
+                continue
             if r is not None:
                 workspace_for[r] = workspace_for.get(r, 0) + nbytes
         # a function Keras has XLA compile (a grouped convolution on the CPU)
@@ -1066,17 +1160,32 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             prims.append(prim("view", ["in0"] if call.inputs else [],
                               [(f"out{i}", call.outputs[i].nbytes)], alias=bool(call.inputs)))
     # the gradient ops' own intermediates, alive together at their highest
-    scheduled = _internal_gradients(backward, owner) | _reduced_products(backward, owner)
+    scheduled = _internal_gradients(backward, exact) | _reduced_products(backward, exact)
+    internal = [tensors[name] for name in sorted(internal_names)]
+    inplace: set[str] = set()  # forward ops whose gradient writes into the one it is given
+    by_owner: dict[str | None, tuple[int, ...]] = {}
+    by_owner_if_free: dict[str | None, tuple[int, ...]] = {}
     parts = _backward_intermediates_peak(backward, graph, xla_buffers, upstream,
-                                         scheduled=scheduled, placed=xla_owned)
+                                         scheduled=scheduled, placed=xla_owned,
+                                         internal=internal, owner=exact, by_owner=by_owner,
+                                         inplace=inplace)
     # where the schedule finds the layer's inputs held by nobody else, the
     # gradient ops may write into them
     taken: set[str] = set()
     parts_if_free = _backward_intermediates_peak(backward, graph, xla_buffers, upstream,
                                                  placeholders, taken, scheduled=scheduled,
-                                                 placed=xla_owned)
+                                                 placed=xla_owned, internal=internal,
+                                                 owner=exact, by_owner=by_owner_if_free)
     donors = tuple(ref[t.name] for t in placeholders if t.name in taken)
-    if prims and (parts or donors):
+    if PER_PRIM_WORKSPACE and prims and (by_owner or by_owner_if_free or inplace):
+        # a gradient written into the gradient it was given (a softmax's:
+        # its ``sub`` and ``mul_1`` write into the incoming gradient, which
+        # is the input's gradient in the allocator trace)
+        for k, op in enumerate(prim_ops):
+            if op.name in inplace and not prims[k].grad_inplace:
+                prims[k] = dataclasses.replace(prims[k], grad_inplace=True)
+        _place_workspaces(prims, prim_ops, by_owner, by_owner_if_free, donors)
+    elif prims and (parts or donors):
         # where in the layer's gradient its intermediates peak, beside what,
         # the prims do not say: they are held when the layer's gradient ends,
         # beside the gradients it hands back (a normalization's partial
@@ -1108,6 +1217,51 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
     return _only_known_saves(prims)
 
 
+#: Whether the intermediates of each forward op's gradient ops (the tape's
+#: record of which op each is for) are held beside that op's gradients, at
+#: their highest there, and a forward op whose gradient writes into the
+#: gradient it was given hands that buffer on as its input's gradient.
+#: False: the layer's highest beyond what the schedule holds is held where
+#: its gradient starts and where it ends. Tried (``benchmarks.
+#: ordering_variants --variants per-prim-workspace``) and not adopted:
+#: benchmarks/RESULTS.md, "Which forward op a gradient op is for".
+PER_PRIM_WORKSPACE = False
+
+
+def _place_workspaces(prims: list[Prim], prim_ops: list[Any],
+                      by_owner: dict[str | None, tuple[int, ...]],
+                      by_owner_if_free: dict[str | None, tuple[int, ...]],
+                      donors: tuple[str, ...]) -> None:
+    """Give each prim the intermediates its gradient ops hold at their
+    highest, beyond the gradients the schedule holds then (``by_owner``, from
+    ``_backward_intermediates_peak``); those of gradient ops of no prim (a
+    view, a folded op, or one the names do not tell) go to the prim whose
+    gradient runs first."""
+    index = {op.name: k for k, op in enumerate(prim_ops)}
+    first = _last_on_gradient_path(prims)
+    placed: dict[int, list[tuple[int, ...]]] = {}
+    placed_if_free: dict[int, list[tuple[int, ...]]] = {}
+    for table, into in ((by_owner, placed), (by_owner_if_free, placed_if_free)):
+        for name, parts in table.items():
+            k = index.get(name, first) if name is not None else first
+            into.setdefault(k, []).append(parts)
+    for k in sorted(set(placed) | set(placed_if_free)):
+        # several sources at one prim: the highest of them
+        parts = max(placed.get(k, [()]), key=sum)
+        parts_if_free = max(placed_if_free.get(k, [()]), key=sum)
+        if not parts and not (donors and parts_if_free):
+            continue
+        p = prims[k]
+        own = p.backward_workspace_parts or (
+            (p.backward_workspace_bytes,) if p.backward_workspace_bytes else ())
+        prims[k] = Prim(**{**p.__dict__,
+                           "backward_workspace_bytes": sum(own) + sum(parts),
+                           "backward_workspace_parts": own + parts,
+                           "backward_workspace_parts_if_free":
+                               own + parts_if_free if donors else (),
+                           "backward_donors": donors})
+
+
 _NOT_MERGED = {"RandomUniform", "RandomStandardNormal", "StatelessRandomUniformV2",
                "StatelessRandomNormalV2", "Placeholder"}
 
@@ -1131,8 +1285,8 @@ def _signature_of(op: Any, inputs: list[str], outputs: list[tuple[str, int]],
     return "|".join(parts)
 
 
-def _gradient_op_owners(forward: Sequence[Any], hoisted: set[str]
-                        ) -> Callable[[Any], Any]:
+def _gradient_op_owners(forward: Sequence[Any], hoisted: set[str],
+                        recorded: dict[str, str] | None = None) -> Callable[[Any], Any]:
     """A function from a gradient op to the forward op whose gradient
     function made it (None where the names do not tell one op), from the
     name scope TensorFlow's tape gives a gradient: ``gradient_tape/`` and the
@@ -1145,15 +1299,20 @@ def _gradient_op_owners(forward: Sequence[Any], hoisted: set[str]
     (``tf.nn.separable_conv2d`` names its pointwise ``Conv2D``
     ``separable_conv2d`` and its ``DepthwiseConv2dNative``
     ``separable_conv2d/depthwise``; both gradients are named
-    ``gradient_tape/.../separable_conv2d/...``)."""
+    ``gradient_tape/.../separable_conv2d/...``). With ``recorded`` (gradient
+    op -> forward op, as the tape made them: ``_recording_owners``), the
+    record decides for the ops it names."""
     own = [op for op in forward if op.name not in hoisted]
     by_name = {op.name: op for op in own}
     by_scope: dict[str, list[Any]] = {}
     for op in own:
         by_scope.setdefault(op.name.rpartition("/")[0], []).append(op)
     prefix = "gradient_tape/"
+    recorded = recorded or {}
 
     def owner(op: Any) -> Any:
+        if op.name in recorded:  # (as the tape made it)
+            return by_name.get(recorded[op.name])
         if not op.name.startswith(prefix):
             return None
         parts = op.name[len(prefix):].split("/")
@@ -1435,7 +1594,11 @@ def _backward_intermediates_peak(backward: list[Any], graph: Any,
                                  donors: Sequence[Any] = (),
                                  taken: set[str] | None = None,
                                  scheduled: set[str] = frozenset(),
-                                 placed: set[str] = frozenset()) -> tuple[int, ...]:
+                                 placed: set[str] = frozenset(),
+                                 internal: Sequence[Any] = (),
+                                 owner: Callable[[Any], Any] | None = None,
+                                 by_owner: dict[str, tuple[int, ...]] | None = None,
+                                 inplace: set[str] | None = None) -> tuple[int, ...]:
     """Bytes the gradient ops need beyond what the schedule holds for them, as
     the sizes of the allocations that make them up.
 
@@ -1458,7 +1621,13 @@ def _backward_intermediates_peak(backward: list[Any], graph: Any,
     ``scheduled`` names more tensors the schedule allocates itself, counted
     with the gradients (``_internal_gradients``, ``_reduced_products``);
     ``placed`` names XLA gradient calls whose buffers a prim's backward
-    already holds."""
+    already holds. ``internal`` are forward tensors only these ops read:
+    their bytes are the schedule's (what the layer keeps), but their last
+    reader may write into them. With ``owner`` (a gradient op's forward op),
+    ``by_owner`` gets, for each forward op, the intermediates alive at the
+    highest point of its gradient ops beyond what the schedule holds then,
+    and ``inplace`` the forward ops one of whose gradient ops writes into a
+    gradient another forward op's gradient made."""
     # a result handed back as a view of another tensor (an Identity; Conv1D's
     # filter and input gradients, 4-D, reshaped to 3-D) is that tensor's buffer
     final = {t.name for t in graph.outputs}
@@ -1485,10 +1654,23 @@ def _backward_intermediates_peak(backward: list[Any], graph: Any,
             buffer_of[t.name] = len(size)
             held.add(len(size))
             size.append(_bytes(t))
+    # the forward tensors only these ops read: the schedule holds them (as
+    # what the layer keeps), so their bytes are not counted here, but their
+    # last reader may write into them and allocate nothing
+    uncounted: set[int] = set()
+    for t in internal:
+        if readers.get(t.name) and t.name not in buffer_of:
+            buffer_of[t.name] = len(size)
+            uncounted.add(len(size))
+            size.append(_bytes(t))
     # the incoming gradients are alive from the start, and to the end
     events.append((sorted(held), []))
     modelled.update(held)
+    owners: list[str | None] = [None]  # the forward op each event is a gradient of
+    made_by: dict[int, str | None] = {}  # buffer -> the forward op whose gradient made it
     for op in backward:
+        found = owner(op) if owner is not None else None
+        owners.append(found.name if found is not None else None)
         new: list[int] = []
         if (op.type not in VIEW_OPS and op.type not in FREE_OPS
                 and not _identity_arithmetic(op)):
@@ -1510,10 +1692,15 @@ def _backward_intermediates_peak(backward: list[Any], graph: Any,
                     readers[donor] = 0
                     if donor in donor_names and taken is not None:
                         taken.add(donor)
+                    if (inplace is not None and owners[-1] is not None and bid in modelled
+                            and made_by.get(bid) != owners[-1]):
+                        # written into a gradient another op's gradient made
+                        inplace.add(owners[-1])
                 else:
                     bid = len(size)
                     size.append(_bytes(t))
                     new.append(bid)
+                    made_by[bid] = owners[-1]
                 if t.name in final or t.name in summed:
                     modelled.add(bid)
                 if t.name not in final:  # the gradients handed back stay
@@ -1536,16 +1723,24 @@ def _backward_intermediates_peak(backward: list[Any], graph: Any,
     live: set[int] = set()
     peak = peak_modelled = total = ours = 0
     at_peak: list[int] = []
-    for new, freed in events:
+    excess: dict[str | None, tuple[int, list[int]]] = {}
+    for (new, freed), at in zip(events, owners):
+        freed = [b for b in freed if b not in uncounted]
         live.update(new)
         total += sum(size[b] for b in new)
         ours += sum(size[b] for b in new if b in modelled)
         if total > peak:
             peak, at_peak = total, [size[b] for b in live if b not in modelled]
         peak_modelled = max(peak_modelled, ours)
+        # (at the op that allocated: the highest is where something was made)
+        if by_owner is not None and new and total - ours > excess.get(at, (0, []))[0]:
+            excess[at] = (total - ours, [size[b] for b in live if b not in modelled])
         live.difference_update(freed)
         total -= sum(size[b] for b in freed)
         ours -= sum(size[b] for b in freed if b in modelled)
+    if by_owner is not None:
+        for at, (_, sizes) in excess.items():
+            by_owner[at] = tuple(sorted((n for n in sizes if n), reverse=True))
     extra = max(0, peak - peak_modelled)
     # the intermediates alive at the peak, largest first, up to those bytes
     parts: list[int] = []
