@@ -994,7 +994,7 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
         t.name for op in forward for t in op.outputs
         if t.name in saved and t.name not in outputs_of and backward_readers.get(t.name) == 1
         and op.type not in VIEW_OPS and not _identity_arithmetic(op)
-        and not (op.type == "IdentityN")}
+        and op.type != "IdentityN"}
     early: list[int] = []  # the hoisted ops' prims
     prim_ops: list[Any] = []  # the op of each prim made here
     for op in forward:
