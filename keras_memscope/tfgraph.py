@@ -1204,17 +1204,22 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
                            "backward_donors": donors})
         j = _last_on_gradient_path(prims)
         if j != i and parts:
-            last = prims[j]
-            own = last.backward_workspace_parts or (
-                (last.backward_workspace_bytes,) if last.backward_workspace_bytes else ())
             # (where the layer's inputs are free, written into them here too)
-            prims[j] = Prim(**{**last.__dict__,
-                               "backward_workspace_bytes": sum(own) + sum(parts),
-                               "backward_workspace_parts": own + parts,
-                               "backward_workspace_parts_if_free":
-                                   own + parts_if_free if donors else (),
-                               "backward_donors": donors})
+            prims[j] = _with_workspace(prims[j], parts, parts_if_free, donors)
     return _only_known_saves(prims)
+
+
+def _with_workspace(p: Prim, parts: tuple[int, ...], parts_if_free: tuple[int, ...],
+                    donors: tuple[str, ...]) -> Prim:
+    """``p`` with these gradient intermediates held beside its own backward
+    workspace (``parts_if_free`` where the layer's ``donors`` are free)."""
+    own = p.backward_workspace_parts or (
+        (p.backward_workspace_bytes,) if p.backward_workspace_bytes else ())
+    return Prim(**{**p.__dict__,
+                   "backward_workspace_bytes": sum(own) + sum(parts),
+                   "backward_workspace_parts": own + parts,
+                   "backward_workspace_parts_if_free": own + parts_if_free if donors else (),
+                   "backward_donors": donors})
 
 
 #: Whether the intermediates of each forward op's gradient ops (the tape's
@@ -1249,17 +1254,8 @@ def _place_workspaces(prims: list[Prim], prim_ops: list[Any],
         # several sources at one prim: the highest of them
         parts = max(placed.get(k, [()]), key=sum)
         parts_if_free = max(placed_if_free.get(k, [()]), key=sum)
-        if not parts and not (donors and parts_if_free):
-            continue
-        p = prims[k]
-        own = p.backward_workspace_parts or (
-            (p.backward_workspace_bytes,) if p.backward_workspace_bytes else ())
-        prims[k] = Prim(**{**p.__dict__,
-                           "backward_workspace_bytes": sum(own) + sum(parts),
-                           "backward_workspace_parts": own + parts,
-                           "backward_workspace_parts_if_free":
-                               own + parts_if_free if donors else (),
-                           "backward_donors": donors})
+        if parts or (donors and parts_if_free):
+            prims[k] = _with_workspace(prims[k], parts, parts_if_free, donors)
 
 
 _NOT_MERGED = {"RandomUniform", "RandomStandardNormal", "StatelessRandomUniformV2",
