@@ -1420,11 +1420,11 @@ def simulate(
             # the input gradient is not its only reader and writes beside it,
             # as the input and scale products of an additive attention's
             # ``w * tanh(q + k)`` do in the allocator trace, 64 MiB each)
+            weight_reads_first = WEIGHT_GRADIENT_READS_FIRST and any(
+                f.ins[p.inputs.index(ref)] in wts
+                for ref, n in p.workspace_for if n and ref in p.inputs)
             reusable = ([b for b in out_grads if not grad_shares[b]]
-                        if p.grad_inplace and not side_by_side
-                        and not (WEIGHT_GRADIENT_READS_FIRST and any(
-                            f.ins[p.inputs.index(ref)] in wts
-                            for ref, n in p.workspace_for if n and ref in p.inputs))
+                        if p.grad_inplace and not side_by_side and not weight_reads_first
                         else [])
             # the tensors saved for this gradient alone (no weight gradient
             # reads them), which an input gradient may be written into

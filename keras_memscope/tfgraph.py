@@ -774,12 +774,12 @@ def _mocked_op(op: Any) -> str | None:
     for t in getattr(op, "outputs", None) or ():
         if hasattr(t, "op"):
             return t.op.name
-    inputs = [t.name for t in getattr(op, "inputs", None) or () if hasattr(t, "consumers")]
+    inputs = [t for t in getattr(op, "inputs", None) or () if hasattr(t, "consumers")]
     if not inputs:
         return None
-    first = next(t for t in op.inputs if hasattr(t, "consumers"))
-    found = {c.name for c in first.consumers()
-             if c.type == getattr(op, "type", None) and [t.name for t in c.inputs] == inputs}
+    names = [t.name for t in inputs]
+    found = {c.name for c in inputs[0].consumers()
+             if c.type == getattr(op, "type", None) and [t.name for t in c.inputs] == names}
     return found.pop() if len(found) == 1 else None
 
 
@@ -1162,22 +1162,27 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
     # the gradient ops' own intermediates, alive together at their highest
     scheduled = _internal_gradients(backward, exact) | _reduced_products(backward, exact)
     internal = [tensors[name] for name in sorted(internal_names)]
+    # (for PER_PRIM_WORKSPACE only: where each forward op's gradient ops
+    # peak, and which write into the gradient they were given)
     inplace: set[str] = set()  # forward ops whose gradient writes into the one it is given
     by_owner: dict[str | None, tuple[int, ...]] = {}
     by_owner_if_free: dict[str | None, tuple[int, ...]] = {}
+    per_prim = PER_PRIM_WORKSPACE
     parts = _backward_intermediates_peak(backward, graph, xla_buffers, upstream,
                                          scheduled=scheduled, placed=xla_owned,
-                                         internal=internal, owner=exact, by_owner=by_owner,
-                                         inplace=inplace)
+                                         internal=internal, owner=exact,
+                                         by_owner=by_owner if per_prim else None,
+                                         inplace=inplace if per_prim else None)
     # where the schedule finds the layer's inputs held by nobody else, the
     # gradient ops may write into them
     taken: set[str] = set()
     parts_if_free = _backward_intermediates_peak(backward, graph, xla_buffers, upstream,
                                                  placeholders, taken, scheduled=scheduled,
                                                  placed=xla_owned, internal=internal,
-                                                 owner=exact, by_owner=by_owner_if_free)
+                                                 owner=exact,
+                                                 by_owner=by_owner_if_free if per_prim else None)
     donors = tuple(ref[t.name] for t in placeholders if t.name in taken)
-    if PER_PRIM_WORKSPACE and prims and (by_owner or by_owner_if_free or inplace):
+    if per_prim and prims and (by_owner or by_owner_if_free or inplace):
         # a gradient written into the gradient it was given (a softmax's:
         # its ``sub`` and ``mul_1`` write into the incoming gradient, which
         # is the input's gradient in the allocator trace)
@@ -1664,8 +1669,9 @@ def _backward_intermediates_peak(backward: list[Any], graph: Any,
     modelled.update(held)
     owners: list[str | None] = [None]  # the forward op each event is a gradient of
     made_by: dict[int, str | None] = {}  # buffer -> the forward op whose gradient made it
+    tracking = by_owner is not None or inplace is not None
     for op in backward:
-        found = owner(op) if owner is not None else None
+        found = owner(op) if owner is not None and tracking else None
         owners.append(found.name if found is not None else None)
         new: list[int] = []
         if (op.type not in VIEW_OPS and op.type not in FREE_OPS
