@@ -29,6 +29,7 @@ forked from one that has imported TensorFlow (``benchmarks.machine.processes``).
     python -m benchmarks.accuracy --unmapped      # written after the five variants were run
     python -m benchmarks.accuracy --unsurveyed    # written after the broadcast products
     python -m benchmarks.accuracy --unfamiliar    # Keras 3.15's newer optimizers
+    python -m benchmarks.accuracy --unexamined    # written after the tape's gradient owners
     python -m benchmarks.accuracy --only resnet50 --remeasure
 
 Relative error = (estimate - measured) / measured, against the highest
@@ -180,6 +181,13 @@ UNFAMILIAR_CONFIGS = [
     ("senet", 16, "schedulefree"), ("swiglu", 16, "schedulefree"),
     ("resnet50", 8, "multi-sgd-adam-late"), ("swiglu", 16, "multi-sgd-adam-attention"),
 ]
+# written after the tape told which forward op each gradient op is for (a
+# contrastive dual encoder, a cross network, a frozen teacher, per-sample
+# weights, a focal loss); measured and estimated once, with no change between
+UNEXAMINED_CONFIGS = [
+    ("dualencoder", 256, "adamw"), ("dcn", 4096, "adam"), ("dcn", 1024, "ftrl"),
+    ("distill", 32, "sgd-momentum"), ("hypernet", 512, "rmsprop"), ("focalcnn", 64, "adamax"),
+]
 #: the sets beside the zoo, by their flag, in the order they were written
 SETS = {"held-out": HELD_OUT_CONFIGS, "unseen": UNSEEN_CONFIGS, "fresh": FRESH_CONFIGS,
         "novel": NOVEL_CONFIGS, "untried": UNTRIED_CONFIGS, "blind": BLIND_CONFIGS,
@@ -188,7 +196,8 @@ SETS = {"held-out": HELD_OUT_CONFIGS, "unseen": UNSEEN_CONFIGS, "fresh": FRESH_C
         "untrodden": UNTRODDEN_CONFIGS, "unplanned": UNPLANNED_CONFIGS,
         "unforeseen": UNFORESEEN_CONFIGS, "unexpected": UNEXPECTED_CONFIGS,
         "unanticipated": UNANTICIPATED_CONFIGS, "unmapped": UNMAPPED_CONFIGS,
-        "unsurveyed": UNSURVEYED_CONFIGS, "unfamiliar": UNFAMILIAR_CONFIGS}
+        "unsurveyed": UNSURVEYED_CONFIGS, "unfamiliar": UNFAMILIAR_CONFIGS,
+        "unexamined": UNEXAMINED_CONFIGS}
 def _multi(mapped: dict[str, str]) -> dict[str, Any]:
     """A serialized ``MultiOptimizer``: SGD with momentum for every variable
     but those whose path matches a pattern of ``mapped`` (to an optimizer's
@@ -248,7 +257,7 @@ OWN_LOSS = ("gru", "unet", "autoencoder", "twotower", "skipnet", "timedistribute
             "upconv1d", "denoiser", "unet3d", "ncf", "spectral", "tokenattn", "poissonnet",
             "maskednet", "maskedmean", "widedeep", "tiedlm", "multihead", "lstmdrop",
             "birnnsum", "cropnet", "dwmult", "rmsmlp", "cosreg", "hourglass", "capsnet",
-            "resizer", "siren")
+            "resizer", "siren", "dualencoder", "dcn", "distill", "hypernet", "focalcnn")
 
 
 def _key(model: str, batch: int, opt: str) -> str:

@@ -1640,6 +1640,164 @@ def bigruattn() -> keras.Model:
     return keras.Model(tokens, layers.Dense(5)(x), name="bigruattn")
 
 
+class _Similarity(layers.Layer):
+    """The in-batch logits of a dual encoder: every image's embedding against
+    every text's, both L2-normalized, times a learned temperature (CLIP)."""
+
+    def build(self, input_shape):
+        self.log_scale = self.add_weight(
+            shape=(), initializer=keras.initializers.Constant(2.659), name="log_scale")
+
+    def call(self, inputs):
+        a, b = inputs
+        a = a / keras.ops.norm(a, axis=-1, keepdims=True)
+        b = b / keras.ops.norm(b, axis=-1, keepdims=True)
+        return keras.ops.matmul(a, keras.ops.transpose(b)) * keras.ops.exp(self.log_scale)
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0][0], input_shape[1][0])
+
+
+def dualencoder() -> keras.Model:
+    """A CLIP-style dual encoder: 48 x 48 images through three strided
+    convolutions and 32-token texts through an embedding and a Conv1D, each
+    pooled to 128; the batch-by-batch similarity logits under a contrastive
+    (sparse, from logits) cross-entropy."""
+    image = keras.Input((48, 48, 3))
+    x = image
+    for filters in (32, 64, 128):
+        x = layers.Conv2D(filters, 3, strides=2, padding="same", activation="relu")(x)
+    x = layers.Dense(128)(layers.GlobalAveragePooling2D()(x))
+    text = keras.Input((32,), dtype="int32")
+    t = layers.Embedding(5000, 128)(text)
+    t = layers.Conv1D(128, 3, padding="same", activation="gelu")(t)
+    t = layers.Dense(128)(layers.GlobalAveragePooling1D()(t))
+    model = keras.Model([image, text], _Similarity()([x, t]), name="dualencoder")
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+class _Cross(layers.Layer):
+    """A DCN-v2 cross layer: ``x0 * (W x + b) + x``."""
+
+    def build(self, input_shape):
+        self.dense = layers.Dense(input_shape[0][-1])
+        self.dense.build(input_shape[1])
+
+    def call(self, inputs):
+        x0, x = inputs
+        return x0 * self.dense(x) + x
+
+
+def dcn() -> keras.Model:
+    """A Deep & Cross Network (v2) for click prediction: 8 categorical
+    features embedded in 16 (one shared table of 8000) beside 16 numeric
+    ones, three cross layers and a parallel ReLU tower of 512 and 256,
+    concatenated into a sigmoid (binary cross-entropy)."""
+    cats = keras.Input((8,), dtype="int32")
+    nums = keras.Input((16,))
+    x0 = layers.Concatenate()([layers.Flatten()(layers.Embedding(8000, 16)(cats)), nums])
+    x = x0
+    for _ in range(3):
+        x = _Cross()([x0, x])
+    d = layers.Dense(512, activation="relu")(x0)
+    d = layers.Dense(256, activation="relu")(d)
+    out = layers.Dense(1, activation="sigmoid")(layers.Concatenate()([x, d]))
+    model = keras.Model([cats, nums], out, name="dcn")
+    model.compile(loss="binary_crossentropy")
+    return model
+
+
+class _Distillation(layers.Layer):
+    """Adds the KL divergence of the student's softened distribution from the
+    teacher's (temperature 4) as a loss and passes the student's logits on."""
+
+    def call(self, inputs):
+        student, teacher = inputs
+        p = keras.ops.softmax(teacher / 4.0)
+        log_q = keras.ops.log_softmax(student / 4.0)
+        kl = keras.ops.sum(p * (keras.ops.log(p + 1e-7) - log_q), axis=-1)
+        self.add_loss(keras.ops.mean(kl))
+        return student
+
+
+def distill() -> keras.Model:
+    """Knowledge distillation in one model: a frozen teacher (four 3 x 3
+    convolutions of 64 and 128 on 64 x 64 images) and a small strided
+    student see the same batch; the student's logits are trained on the
+    labels and on the teacher's softened outputs (an added loss)."""
+    image = keras.Input((64, 64, 3))
+    teacher = keras.Sequential([
+        keras.Input((64, 64, 3)),
+        layers.Conv2D(64, 3, padding="same", activation="relu"),
+        layers.Conv2D(64, 3, padding="same", activation="relu"),
+        layers.MaxPooling2D(),
+        layers.Conv2D(128, 3, padding="same", activation="relu"),
+        layers.Conv2D(128, 3, padding="same", activation="relu"),
+        layers.GlobalAveragePooling2D(),
+        layers.Dense(10),
+    ], name="teacher")
+    teacher.trainable = False
+    student = keras.Sequential([
+        keras.Input((64, 64, 3)),
+        layers.Conv2D(16, 3, strides=2, padding="same", activation="relu"),
+        layers.Conv2D(32, 3, strides=2, padding="same", activation="relu"),
+        layers.GlobalAveragePooling2D(),
+        layers.Dense(10),
+    ], name="student")
+    out = _Distillation()([student(image), teacher(image)])
+    model = keras.Model(image, out, name="distill")
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+class _PerSampleDense(layers.Layer):
+    """A dense map whose weights come per sample from a hypernetwork:
+    ``y_b = x_b W_b`` with ``W_b`` the sample's (d x d) matrix."""
+
+    def call(self, inputs):
+        x, w = inputs
+        d = x.shape[-1]
+        return keras.ops.einsum("bi,bij->bj", x, keras.ops.reshape(w, (-1, d, d)))
+
+    def compute_output_shape(self, input_shape):
+        return input_shape[0]
+
+
+def hypernet() -> keras.Model:
+    """A hypernetwork regressor: a 16-feature context makes, through Dense
+    256 ReLU, the 64 x 64 weights of each of two per-sample layers applied
+    to 64 features (ReLU between), then Dense 10 (mean squared error)."""
+    x = keras.Input((64,))
+    context = keras.Input((16,))
+    h = x
+    for _ in range(2):
+        w = layers.Dense(256, activation="relu")(context)
+        w = layers.Dense(64 * 64)(w)
+        h = layers.ReLU()(_PerSampleDense()([h, w]))
+    model = keras.Model([x, context], layers.Dense(10)(h), name="hypernet")
+    model.compile(loss="mse")
+    return model
+
+
+def focalcnn() -> keras.Model:
+    """A convnet on 64 x 64 images with zero padding, LeakyReLU,
+    SpatialDropout2D and average pooling, global max pooling into a softmax
+    of 10, under a categorical focal cross-entropy with label smoothing
+    (one-hot targets)."""
+    image = keras.Input((64, 64, 3))
+    x = layers.ZeroPadding2D(2)(image)
+    x = layers.LeakyReLU(0.1)(layers.Conv2D(32, 5)(x))
+    for filters in (64, 128):
+        x = layers.SpatialDropout2D(0.2)(x)
+        x = layers.AveragePooling2D(2)(x)
+        x = layers.LeakyReLU(0.1)(layers.Conv2D(filters, 3, padding="same")(x))
+    x = layers.GlobalMaxPooling2D()(x)
+    model = keras.Model(image, layers.Dense(10, activation="softmax")(x), name="focalcnn")
+    model.compile(loss=keras.losses.CategoricalFocalCrossentropy(label_smoothing=0.1))
+    return model
+
+
 ZOO = {f.__name__: f for f in (mlp, cnn, resnet50, mobilenetv2, vgg16, densenet121, lstm,
                                transformer)}
 HELD_OUT = {f.__name__: f for f in (unet, gru, vit, separable)}
@@ -1666,6 +1824,7 @@ UNEXPECTED = {f.__name__: f for f in (imgattn, dwmult, rmsmlp, sincnet, cosreg)}
 UNANTICIPATED = {f.__name__: f for f in (bf16mixer, stackedgru, pointnet, hourglass)}
 UNMAPPED = {f.__name__: f for f in (fnet, capsnet, inceptionresnet, resizer, prefixlm)}
 UNSURVEYED = {f.__name__: f for f in (senet, siren, swiglu, bigruattn)}
+UNEXAMINED = {f.__name__: f for f in (dualencoder, dcn, distill, hypernet, focalcnn)}
 
 
 # --- large models, estimated without building their weights ------------------
