@@ -462,6 +462,14 @@ def estimate(
             f"{len(graph.merged)} layer call(s) compute what an earlier call computes "
             f"({', '.join(graph.merged[:3])}{', ...' if len(graph.merged) > 3 else ''}): "
             "TensorFlow runs them once (grappler merges them), and so does the estimate")
+    if graph.assumed_batch:
+        first = graph.assumed_batch[0]
+        notes.append(
+            f"TensorFlow could not infer the first dimension of {len(graph.assumed_batch)} "
+            f"tensor(s) ({first}{', ...' if len(graph.assumed_batch) > 1 else ''}), "
+            "whose other dimensions are known: taken as the batch size; what a "
+            "preprocessing layer makes from the data itself (a string's tokens before "
+            "they are padded) depends on the data and is not counted")
     overrides = tuple(rules or ())  # (classes: with_overrides checked them)
     # XLA compiles for this machine's CPU: its buffers are the CPU's
     ops, unsupported, rule_names = lower(graph, ruleset, method, overrides,

@@ -112,6 +112,9 @@ class ModelGraph:
     compute_dtype: str
     #: calls left out: they compute what an earlier call computed
     merged: tuple[str, ...] = ()
+    #: tensors whose first dimension TensorFlow could not infer (a lookup
+    #: layer's ragged tokens padded to a length), taken as the batch
+    assumed_batch: tuple[str, ...] = ()
 
 
 def _weight_elements(w: WeightUse) -> int:
@@ -326,6 +329,8 @@ class _Tracer:
         self.keep: list[Any] = []
         self.graph: Any = None
         self.call_counts: dict[str, int] = {}
+        self.batch_size = 0
+        self.assumed_batch: list[str] = []
 
     # tensors
     def info(self, t: Any) -> TensorInfo:
@@ -336,6 +341,11 @@ class _Tracer:
             tid = len(self.ids) + 1
             self.ids[key] = tid
             shape = tuple(int(d) if d is not None else -1 for d in t.shape)
+            if shape and shape[0] < 0 and self.batch_size and min(shape[1:], default=0) >= 0:
+                # every other dimension known: the batch's, as TensorFlow
+                # loses it where ragged tokens are padded (TextVectorization)
+                shape = (self.batch_size, *shape[1:])
+                self.assumed_batch.append(t.op.name)
             if any(d < 0 for d in shape):
                 raise ValueError(
                     f"tensor {key} has a dimension TensorFlow could not infer "
@@ -599,6 +609,7 @@ def trace_model(
 
     root = _Frame(op=None, parent=None)
     tracer = _Tracer(model, is_leaf, whole_if_computing)
+    tracer.batch_size = batch_size
     # A model built weightlessly has deferred variables: trace it inside a
     # stateless scope, where reading them gives symbolic initial values.
     scope = weightless() if has_deferred_variables(model) else contextlib.nullcontext()
@@ -638,6 +649,7 @@ def trace_model(
         unattributed=unattributed,
         compute_dtype=str(getattr(model, "compute_dtype", "float32")),
         merged=merged,
+        assumed_batch=tuple(tracer.assumed_batch),
     )
     graph_obj._keep = tracer.keep  # type: ignore[attr-defined]
     return graph_obj

@@ -168,7 +168,11 @@ def _worker_main() -> None:
     else:
         if spec.get("dtype_policy"):
             keras.config.set_dtype_policy(spec["dtype_policy"])
-        model = keras.saving.deserialize_keras_object(spec["model"], custom_objects=custom)
+        if spec.get("saved"):  # a model whose layers keep assets (vocabularies)
+            model = keras.saving.load_model(spec["saved"], custom_objects=custom)
+        else:
+            model = keras.saving.deserialize_keras_object(spec["model"],
+                                                          custom_objects=custom)
         if spec.get("input_shape") and not model.built:
             model.build((None, *spec["input_shape"]))
     optimizer = spec.get("optimizer") or "adam"
@@ -260,7 +264,7 @@ def measure(
     if in_process is None:
         in_process = device == "gpu" or os.environ.get(ENV_BFC, "").lower() == "true"
     if in_process:
-        clone = keras.models.clone_model(model)
+        clone = _copy(model)
         opt = by_name(opt_spec) if isinstance(opt_spec, str) else \
             keras.optimizers.deserialize(opt_spec)
         raw = run_steps(clone, batch_size, optimizer=opt, loss=loss, steps=steps,
@@ -279,13 +283,18 @@ def measure(
                 "TF_CPU_ALLOCATOR_USE_BFC=true and pass in_process=True"
             ) from exc
         classes = _custom_classes(model)
-        spec = {"model": config, "batch_size": batch_size, "optimizer": opt_spec,
-                "classes": classes,
+        saved = _saved_with_assets(model)
+        spec = {"model": config, "saved": saved, "batch_size": batch_size,
+                "optimizer": opt_spec, "classes": classes,
                 "sys_path": [p or os.getcwd() for p in sys.path],
                 "steps": steps, "device": device, "loss": _loss_spec(loss),
                 "input_shape": list(input_shape) if input_shape else None,
                 "dtype_policy": getattr(getattr(model, "dtype_policy", None), "name", None)}
-        raw = measure_subprocess(spec)
+        try:
+            raw = measure_subprocess(spec)
+        finally:
+            if saved:
+                os.remove(saved)
     peaks = raw["step_peak_bytes"]
     return Measurement(
         model_name=raw["model_name"], batch_size=batch_size, device=device,
@@ -296,6 +305,47 @@ def measure(
                             or os.environ.get(ENV_BFC, "").lower() == "true") else "default",
         in_subprocess=not in_process,
     )
+
+
+def _copy(model: Any) -> Any:
+    """A copy of ``model`` to train in this process: a clone, or where a
+    layer keeps assets (:func:`_saved_with_assets`) the model saved and
+    loaded, its own layer classes at hand."""
+    import keras
+
+    saved = _saved_with_assets(model)
+    if not saved:
+        return keras.models.clone_model(model)
+    classes = {type(layer).__name__: type(layer)
+               for layer in [model, *model._flatten_layers(include_self=False)]}
+    try:
+        return keras.saving.load_model(saved, custom_objects=classes)
+    finally:
+        os.remove(saved)
+
+
+def _saved_with_assets(model: Any) -> str | None:
+    """A ``.keras`` file of ``model`` where a layer of it keeps state its
+    config does not hold (a lookup layer's vocabulary: ``TextVectorization``,
+    ``StringLookup``, ``IntegerLookup`` save it as an asset, and without it
+    their table is empty in the measuring process); None for other models,
+    which travel as their config alone."""
+    layers = [model, *getattr(model, "_flatten_layers", lambda **k: [])(include_self=False)]
+    if not any(hasattr(layer, "save_assets") for layer in layers):
+        return None
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="memscope-", suffix=".keras")
+    os.close(fd)
+    try:
+        model.save(path)
+    except Exception as exc:
+        os.remove(path)
+        raise ValueError(
+            f"model {model.name!r} keeps assets (a lookup layer's vocabulary) and could "
+            f"not be saved to travel to the measuring process ({exc}); start Python "
+            "with TF_CPU_ALLOCATOR_USE_BFC=true and pass in_process=True") from exc
+    return path
 
 
 def _loss_name(loss: Any) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import keras
 from keras import layers
 
@@ -433,3 +435,25 @@ class WindowAttention(layers.Layer):
     def get_config(self):
         return {**super().get_config(), "dim": self.dim, "heads": self.heads,
                 "window": self.window}
+
+
+def text_body(tokens: Any) -> Any:
+    """Embedding, Conv1D, max pooling and a two-way head over int tokens."""
+    x = layers.Embedding(2000, 32)(tokens)
+    x = layers.Conv1D(32, 5, activation="relu")(x)
+    return layers.Dense(2)(layers.GlobalMaxPooling1D()(x))
+
+
+def raw_text(vectorize: bool = True) -> keras.Model:
+    """:func:`text_body` behind a TextVectorization of raw strings (its
+    vocabulary adapted, its tokens padded to 64), or over the int tokens
+    themselves (``vectorize=False``)."""
+    import numpy as np
+
+    if not vectorize:
+        tokens = keras.Input((64,), dtype="int64")
+        return keras.Model(tokens, text_body(tokens), name="tokens")
+    text = keras.Input((), dtype="string")
+    vectorizer = layers.TextVectorization(max_tokens=2000, output_sequence_length=64)
+    vectorizer.adapt(np.array([f"w{i} w{i + 1} w{i + 2}" for i in range(500)]))
+    return keras.Model(text, text_body(vectorizer(text)), name="raw_text")
