@@ -105,16 +105,18 @@ def table(variants: dict[str, Any], batch: int, processes: int, steps: int,
 def run(argv: list[str] | None, description: str, variants: dict[str, Any], batch: int,
         processes: int, steps: int, before: Any = None) -> int:
     """The command line of this script and of the others that measure
-    variants this way (``benchmarks.rnn_cells``, ``benchmarks.composite_layers``):
-    ``--processes`` and ``--steps``, then the machine and :func:`table`."""
+    variants this way (``benchmarks.rnn_cells``, ``benchmarks.composite_layers``,
+    ``benchmarks.preprocessing``): ``--processes``, ``--steps`` and
+    ``--batch``, then the machine and :func:`table`."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--processes", type=int, default=processes)
     parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--batch", type=int, default=batch)
     args = parser.parse_args(argv)
     from benchmarks import machine
 
     print(f"machine: {machine.describe(machine.facts())}")
-    print(table(variants, batch, args.processes, args.steps, before=before))
+    print(table(variants, args.batch, args.processes, args.steps, before=before))
     return 0
 
 
