@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
+import numpy as np
 
 from .records import MemoryEstimate
 from .units import human_bytes
@@ -142,6 +143,7 @@ class MemScopeCallback(keras.callbacks.Callback):
         self._warned: set[str] = set()
         self._readable = True
         self._estimate_pending = False
+        self.data_bytes = 0
 
     # -- helpers ---------------------------------------------------------------
 
@@ -150,23 +152,48 @@ class MemScopeCallback(keras.callbacks.Callback):
             self._warned.add(key)
             warnings.warn(message, stacklevel=3)
 
-    def _infer_batch_size(self) -> int | None:
+    @staticmethod
+    def _fit_locals() -> dict[str, Any]:
+        """The local variables of the ``fit`` call that runs this callback
+        (empty where none is found)."""
         frame = inspect.currentframe()
         try:
             while frame is not None:
                 if frame.f_code.co_name == "fit" and "epoch_iterator" in frame.f_locals:
-                    it = frame.f_locals["epoch_iterator"]
-                    size = getattr(getattr(it, "data_adapter", None), "batch_size", None)
-                    if isinstance(size, int) and size > 0:
-                        return size
-                    given = frame.f_locals.get("batch_size")
-                    if isinstance(given, int) and given > 0:
-                        return given
-                    return None
+                    return dict(frame.f_locals)
                 frame = frame.f_back
         finally:
             del frame
+        return {}
+
+    def _infer_batch_size(self, found: dict[str, Any]) -> int | None:
+        if not found:
+            return None
+        it = found["epoch_iterator"]
+        size = getattr(getattr(it, "data_adapter", None), "batch_size", None)
+        if isinstance(size, int) and size > 0:
+            return size
+        given = found.get("batch_size")
+        if isinstance(given, int) and given > 0:
+            return given
         return None
+
+    @staticmethod
+    def _array_bytes(found: dict[str, Any]) -> int:
+        """The bytes of the arrays ``fit`` was given as ``x``, ``y`` and
+        ``sample_weight`` (NumPy's, or any with an integer ``nbytes``), which
+        it holds as tensors in the allocator the step uses."""
+        total = 0
+        for name in ("x", "y", "sample_weight"):
+            try:
+                items = keras.tree.flatten(found.get(name))
+            except Exception:
+                continue
+            for item in items:
+                nbytes = getattr(item, "nbytes", None)
+                if isinstance(nbytes, (int, np.integer)) and not isinstance(nbytes, bool):
+                    total += int(nbytes)
+        return total
 
     def _device_profile(self) -> str:
         if self.device:
@@ -183,8 +210,10 @@ class MemScopeCallback(keras.callbacks.Callback):
             self._warn_once("devices", f"MemScopeCallback cannot list devices ({exc}); "
                             "measuring CPU:0")
             self.devices = ["CPU:0"]
+        found = self._fit_locals()
+        self.data_bytes = self._array_bytes(found)
         if self.batch_size is None:
-            self.batch_size = self._infer_batch_size()
+            self.batch_size = self._infer_batch_size(found)
         if self.batch_size is None:
             self._warn_once("batch", "MemScopeCallback cannot tell the batch size fit() uses; "
                             "pass MemScopeCallback(batch_size=...) to compare with an estimate")
@@ -286,6 +315,11 @@ class MemScopeCallback(keras.callbacks.Callback):
                      f"{human_bytes(held)} estimated (weights, optimizer state, batch, "
                      "in the allocator's chunks): other tensors or models are alive in "
                      "this process")
+            if self.data_bytes:
+                cause += (f", among them the arrays fit() was given ({human_bytes(self.data_bytes)}"
+                          " of x, y and sample_weight), which it holds as tensors in the same "
+                          "allocator (a tf.data pipeline that makes its batches as it goes "
+                          "holds only those it prefetches)")
         else:
             holder = est.peak_holders[0] if est.peak_holders else None
             biggest = (f"; the largest estimated holder is {holder.kind} of {holder.layer}"
