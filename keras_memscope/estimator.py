@@ -464,12 +464,13 @@ def estimate(
             "TensorFlow runs them once (grappler merges them), and so does the estimate")
     if graph.assumed_batch:
         first = graph.assumed_batch[0]
+        more = len(graph.assumed_batch) - 1
         notes.append(
-            f"TensorFlow could not infer the first dimension of {len(graph.assumed_batch)} "
-            f"tensor(s) ({first}{', ...' if len(graph.assumed_batch) > 1 else ''}), "
-            "whose other dimensions are known: taken as the batch size; what a "
-            "preprocessing layer makes from the data itself (a string's tokens before "
-            "they are padded) depends on the data and is not counted")
+            f"TensorFlow could not infer the first dimension of {first}"
+            f"{f' (nor of {more} tensor(s) made from it)' if more else ''}, whose other "
+            "dimensions are known: taken as the batch size; what a preprocessing layer "
+            "makes from the data itself (a string's tokens before they are padded) "
+            "depends on the data and is not counted")
     overrides = tuple(rules or ())  # (classes: with_overrides checked them)
     # XLA compiles for this machine's CPU: its buffers are the CPU's
     ops, unsupported, rule_names = lower(graph, ruleset, method, overrides,

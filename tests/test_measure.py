@@ -407,17 +407,20 @@ def test_accumulation_against_measurement():
 def test_a_multi_optimizers_updates_against_measurement():
     """A MultiOptimizer updates each variable with its own optimizer: here
     SGD for the three kernels (no slots, nothing made beside the gradient)
-    and Adam for the biases. Measured 16.2-20.2 MiB over the steps of two
-    processes (20.24 the highest of each); the estimate 20.3, its orders
-    16.2-20.3. With Adam's update figures for every variable (what one set
-    of figures for the whole optimizer gives) it was 24.3, +20%."""
+    and Adam for the biases. Measured 16.2-20.3 MiB over the steps of six
+    processes; the estimate 20.3, its orders 16.2-20.3. Whether a process's
+    steps take the high order is much a matter of the process: in two of
+    six none of twelve steps did (16.7 at most), so six processes are
+    measured, and the test fails by chance where all six miss it (about
+    one run in 700). With Adam's update figures for every variable (what
+    one set of figures for the whole optimizer gives) it was 24.3, +20%."""
     def multi():
         return keras.optimizers.MultiOptimizer(keras.optimizers.OptimizerMap(
             keras.optimizers.Adam(), {".*/kernel": keras.optimizers.SGD()}))
 
     model = wide_mlp()
     runs = [memscope.measure(model, 32, optimizer=multi(), steps=6, device="cpu")
-            for _ in range(2)]
+            for _ in range(6)]
     worst = max(r.peak_bytes for r in runs)
     est = memscope.estimate(model, 32, optimizer=multi(), device="cpu")
     assert est.optimizer.startswith("MultiOptimizer")
