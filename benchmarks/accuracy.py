@@ -30,6 +30,7 @@ forked from one that has imported TensorFlow (``benchmarks.machine.processes``).
     python -m benchmarks.accuracy --unsurveyed    # written after the broadcast products
     python -m benchmarks.accuracy --unfamiliar    # Keras 3.15's newer optimizers
     python -m benchmarks.accuracy --unexamined    # written after the tape's gradient owners
+    python -m benchmarks.accuracy --keras-io      # keras.io's tutorials' models as written
     python -m benchmarks.accuracy --only resnet50 --remeasure
 
 Relative error = (estimate - measured) / measured, against the highest
@@ -188,6 +189,12 @@ UNEXAMINED_CONFIGS = [
     ("dualencoder", 256, "adamw"), ("dcn", 4096, "adam"), ("dcn", 1024, "ftrl"),
     ("distill", 32, "sgd-momentum"), ("hypernet", 512, "rmsprop"), ("focalcnn", 64, "adamax"),
 ]
+# three of keras.io's tutorials' models as they write them, written after
+# the unexamined set; measured and estimated once, with no change between
+KERAS_IO_CONFIGS = [
+    ("xceptionsmall", 16, "adam"), ("texttransformer", 32, "adam"),
+    ("tstransformer", 16, "adam"),
+]
 #: the sets beside the zoo, by their flag, in the order they were written
 SETS = {"held-out": HELD_OUT_CONFIGS, "unseen": UNSEEN_CONFIGS, "fresh": FRESH_CONFIGS,
         "novel": NOVEL_CONFIGS, "untried": UNTRIED_CONFIGS, "blind": BLIND_CONFIGS,
@@ -197,7 +204,7 @@ SETS = {"held-out": HELD_OUT_CONFIGS, "unseen": UNSEEN_CONFIGS, "fresh": FRESH_C
         "unforeseen": UNFORESEEN_CONFIGS, "unexpected": UNEXPECTED_CONFIGS,
         "unanticipated": UNANTICIPATED_CONFIGS, "unmapped": UNMAPPED_CONFIGS,
         "unsurveyed": UNSURVEYED_CONFIGS, "unfamiliar": UNFAMILIAR_CONFIGS,
-        "unexamined": UNEXAMINED_CONFIGS}
+        "unexamined": UNEXAMINED_CONFIGS, "keras-io": KERAS_IO_CONFIGS}
 def _multi(mapped: dict[str, str]) -> dict[str, Any]:
     """A serialized ``MultiOptimizer``: SGD with momentum for every variable
     but those whose path matches a pattern of ``mapped`` (to an optimizer's
@@ -257,7 +264,8 @@ OWN_LOSS = ("gru", "unet", "autoencoder", "twotower", "skipnet", "timedistribute
             "upconv1d", "denoiser", "unet3d", "ncf", "spectral", "tokenattn", "poissonnet",
             "maskednet", "maskedmean", "widedeep", "tiedlm", "multihead", "lstmdrop",
             "birnnsum", "cropnet", "dwmult", "rmsmlp", "cosreg", "hourglass", "capsnet",
-            "resizer", "siren", "dualencoder", "dcn", "distill", "hypernet", "focalcnn")
+            "resizer", "siren", "dualencoder", "dcn", "distill", "hypernet", "focalcnn",
+            "xceptionsmall", "texttransformer", "tstransformer")
 
 
 def _key(model: str, batch: int, opt: str) -> str:

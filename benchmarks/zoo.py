@@ -1798,6 +1798,123 @@ def focalcnn() -> keras.Model:
     return model
 
 
+# --- keras.io's tutorials, as they write their models ---------------------------
+
+
+def xceptionsmall() -> keras.Model:
+    """keras.io's "Image classification from scratch" as it writes it:
+    RandomFlip and RandomRotation, Rescaling, a small Xception-like network
+    (separable convolutions of 256, 512 and 728 with strided 1 x 1
+    residuals, then 1024), dropout and one logit; 128 x 128 inputs (the
+    tutorial's 180 x 180), binary cross-entropy from logits."""
+    inputs = keras.Input((128, 128, 3))
+    x = layers.RandomFlip("horizontal")(inputs)
+    x = layers.RandomRotation(0.1)(x)
+    x = layers.Rescaling(1.0 / 255)(x)
+    x = layers.Conv2D(128, 3, strides=2, padding="same")(x)
+    x = layers.BatchNormalization()(x)
+    x = layers.Activation("relu")(x)
+    previous = x
+    for size in [256, 512, 728]:
+        x = layers.Activation("relu")(x)
+        x = layers.SeparableConv2D(size, 3, padding="same")(x)
+        x = layers.BatchNormalization()(x)
+        x = layers.Activation("relu")(x)
+        x = layers.SeparableConv2D(size, 3, padding="same")(x)
+        x = layers.BatchNormalization()(x)
+        x = layers.MaxPooling2D(3, strides=2, padding="same")(x)
+        residual = layers.Conv2D(size, 1, strides=2, padding="same")(previous)
+        x = layers.add([x, residual])
+        previous = x
+    x = layers.SeparableConv2D(1024, 3, padding="same")(x)
+    x = layers.BatchNormalization()(x)
+    x = layers.Activation("relu")(x)
+    x = layers.GlobalAveragePooling2D()(x)
+    x = layers.Dropout(0.25)(x)
+    m = keras.Model(inputs, layers.Dense(1, activation=None)(x), name="xceptionsmall")
+    m.compile(loss=keras.losses.BinaryCrossentropy(from_logits=True))
+    return m
+
+
+class _TokenAndPositionEmbedding(layers.Layer):
+    """keras.io's token and position embedding, as it writes it."""
+
+    def __init__(self, maxlen, vocab_size, embed_dim, **kw):
+        super().__init__(**kw)
+        self.token_emb = layers.Embedding(vocab_size, embed_dim)
+        self.pos_emb = layers.Embedding(maxlen, embed_dim)
+
+    def call(self, x):
+        maxlen = keras.ops.shape(x)[-1]
+        positions = keras.ops.arange(0, maxlen, 1)
+        return self.token_emb(x) + self.pos_emb(positions)
+
+
+class _TransformerBlock(layers.Layer):
+    """keras.io's transformer block (post-norm, ReLU feed-forward), as it
+    writes it."""
+
+    def __init__(self, embed_dim, num_heads, ff_dim, rate=0.1, **kw):
+        super().__init__(**kw)
+        self.att = layers.MultiHeadAttention(num_heads=num_heads, key_dim=embed_dim)
+        self.ffn = keras.Sequential([layers.Dense(ff_dim, activation="relu"),
+                                     layers.Dense(embed_dim)])
+        self.layernorm1 = layers.LayerNormalization(epsilon=1e-6)
+        self.layernorm2 = layers.LayerNormalization(epsilon=1e-6)
+        self.dropout1 = layers.Dropout(rate)
+        self.dropout2 = layers.Dropout(rate)
+
+    def call(self, inputs):
+        attn_output = self.att(inputs, inputs)
+        attn_output = self.dropout1(attn_output)
+        out1 = self.layernorm1(inputs + attn_output)
+        ffn_output = self.ffn(out1)
+        ffn_output = self.dropout2(ffn_output)
+        return self.layernorm2(out1 + ffn_output)
+
+
+def texttransformer() -> keras.Model:
+    """keras.io's "Text classification with Transformer" as it writes it:
+    200 tokens given as floats, a vocabulary of 20,000, embeddings of 32, one
+    block of two heads (key size 32) and a feed-forward of 32, pooling,
+    dropout, Dense 20 and a softmax of two."""
+    inputs = layers.Input(shape=(200,))
+    x = _TokenAndPositionEmbedding(200, 20000, 32)(inputs)
+    x = _TransformerBlock(32, 2, 32)(x)
+    x = layers.GlobalAveragePooling1D()(x)
+    x = layers.Dropout(0.1)(x)
+    x = layers.Dense(20, activation="relu")(x)
+    x = layers.Dropout(0.1)(x)
+    m = keras.Model(inputs, layers.Dense(2, activation="softmax")(x), name="texttransformer")
+    m.compile(loss="sparse_categorical_crossentropy")
+    return m
+
+
+def tstransformer() -> keras.Model:
+    """keras.io's "Timeseries classification with a Transformer model" as it
+    writes it: four pre-activation encoder blocks (four heads of key size
+    256 with attention dropout, a Conv1D feed-forward of 4) over 500 steps of
+    one feature, pooling over the channels, Dense 128 and a softmax of two."""
+    inputs = keras.Input((500, 1))
+    x = inputs
+    for _ in range(4):
+        h = layers.MultiHeadAttention(key_dim=256, num_heads=4, dropout=0.25)(x, x)
+        h = layers.Dropout(0.25)(h)
+        h = layers.LayerNormalization(epsilon=1e-6)(h)
+        res = h + x
+        h = layers.Conv1D(filters=4, kernel_size=1, activation="relu")(res)
+        h = layers.Dropout(0.25)(h)
+        h = layers.Conv1D(filters=1, kernel_size=1)(h)
+        h = layers.LayerNormalization(epsilon=1e-6)(h)
+        x = h + res
+    x = layers.GlobalAveragePooling1D(data_format="channels_last")(x)
+    x = layers.Dense(128, activation="relu")(x)
+    x = layers.Dropout(0.4)(x)
+    m = keras.Model(inputs, layers.Dense(2, activation="softmax")(x), name="tstransformer")
+    m.compile(loss="sparse_categorical_crossentropy")
+    return m
+
+
 ZOO = {f.__name__: f for f in (mlp, cnn, resnet50, mobilenetv2, vgg16, densenet121, lstm,
                                transformer)}
 HELD_OUT = {f.__name__: f for f in (unet, gru, vit, separable)}
@@ -1825,6 +1942,7 @@ UNANTICIPATED = {f.__name__: f for f in (bf16mixer, stackedgru, pointnet, hourgl
 UNMAPPED = {f.__name__: f for f in (fnet, capsnet, inceptionresnet, resizer, prefixlm)}
 UNSURVEYED = {f.__name__: f for f in (senet, siren, swiglu, bigruattn)}
 UNEXAMINED = {f.__name__: f for f in (dualencoder, dcn, distill, hypernet, focalcnn)}
+KERAS_IO = {f.__name__: f for f in (xceptionsmall, texttransformer, tstransformer)}
 
 
 # --- large models, estimated without building their weights ------------------
