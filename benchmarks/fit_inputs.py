@@ -15,10 +15,7 @@ estimate.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -54,25 +51,18 @@ print(json.dumps({"estimate": est.peak_bytes, "held_estimate": est.held_bytes,
 """
 
 
-def run(feed: str) -> dict:
-    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPP_MIN_LOG_LEVEL="3")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-c", CHILD, feed], env=env, cwd=root,
-                          capture_output=True, text=True, timeout=600, check=True)
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=2)
     args = parser.parse_args(argv)
     from benchmarks import machine
+    from benchmarks.allocator_replay import record
 
     mib = 2**20
     print(f"machine: {machine.describe(machine.facts())}")
     for feed in ("arrays", "generator"):
         for _ in range(args.processes):
-            r = run(feed)
+            r = record(CHILD, [feed])
             epochs = "; ".join(f"held {c / mib:.1f}, peak {p / mib:.1f} MiB ({q:.2f}x)"
                                for c, p, q in r["epochs"])
             print(f"{feed:9s} estimate {r['estimate'] / mib:.1f} MiB, held "

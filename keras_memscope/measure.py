@@ -307,6 +307,11 @@ def measure(
     )
 
 
+def _model_and_layers(model: Any) -> list[Any]:
+    """``model`` and every layer inside it, nested ones included."""
+    return [model, *model._flatten_layers(include_self=False)]
+
+
 def _copy(model: Any) -> Any:
     """A copy of ``model`` to train in this process: a clone, or where a
     layer keeps assets (:func:`_saved_with_assets`) the model saved and
@@ -316,8 +321,7 @@ def _copy(model: Any) -> Any:
     saved = _saved_with_assets(model)
     if not saved:
         return keras.models.clone_model(model)
-    classes = {type(layer).__name__: type(layer)
-               for layer in [model, *model._flatten_layers(include_self=False)]}
+    classes = {type(layer).__name__: type(layer) for layer in _model_and_layers(model)}
     try:
         return keras.saving.load_model(saved, custom_objects=classes)
     finally:
@@ -330,8 +334,7 @@ def _saved_with_assets(model: Any) -> str | None:
     ``StringLookup``, ``IntegerLookup`` save it as an asset, and without it
     their table is empty in the measuring process); None for other models,
     which travel as their config alone."""
-    layers = [model, *getattr(model, "_flatten_layers", lambda **k: [])(include_self=False)]
-    if not any(hasattr(layer, "save_assets") for layer in layers):
+    if not any(hasattr(layer, "save_assets") for layer in _model_and_layers(model)):
         return None
     import tempfile
 
@@ -404,7 +407,7 @@ def _custom_classes(model: Any) -> list[tuple[str, str]]:
     (module, qualified name), for the measuring process to import before it
     rebuilds the model."""
     classes = set()
-    for layer in [model, *model._flatten_layers(include_self=False)]:
+    for layer in _model_and_layers(model):
         module = type(layer).__module__
         if module.split(".")[0] not in ("keras", "tensorflow", "tf_keras", "keras_hub"):
             classes.add((module, type(layer).__qualname__))

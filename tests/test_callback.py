@@ -145,8 +145,8 @@ def test_persistent_cause_named():
 def test_arrays_given_to_fit_are_named_among_what_is_held():
     """``fit`` holds the NumPy arrays it is given as tensors in the
     allocator the step uses (``python -m benchmarks.fit_inputs``: a CNN on
-    24 MiB of images at b128 Adam held 36.3 MiB between epochs against 5.9
-    estimated, 9.2-9.6 fed by a generator prefetching two batches): where
+    24 MiB of images at b128 Adam held 36.3-36.4 MiB between epochs against
+    5.9 estimated, 9.2-10.5 fed by a generator prefetching two batches): where
     the held memory exceeds the estimate, the warning says how much of it
     those arrays are."""
     model = small_model()
