@@ -144,6 +144,7 @@ class MemScopeCallback(keras.callbacks.Callback):
         self._readable = True
         self._estimate_pending = False
         self.data_bytes = 0
+        self.data_source = ""
 
     # -- helpers ---------------------------------------------------------------
 
@@ -195,6 +196,20 @@ class MemScopeCallback(keras.callbacks.Callback):
                     total += int(nbytes)
         return total
 
+    @staticmethod
+    def _pipeline(found: dict[str, Any]) -> str:
+        """What feeds ``fit`` where it is an input pipeline that makes batches
+        as it goes (a ``tf.data.Dataset``, a generator, a ``PyDataset``,
+        ...), by its Keras data adapter; "" for arrays, or where it is not
+        known."""
+        adapter = getattr(found.get("epoch_iterator"), "data_adapter", None)
+        name = type(adapter).__name__ if adapter is not None else ""
+        kinds = {"TFDatasetAdapter": "a tf.data.Dataset", "GeneratorDataAdapter": "a generator",
+                 "PyDatasetAdapter": "a keras.utils.PyDataset",
+                 "TorchDataLoaderAdapter": "a torch DataLoader",
+                 "GrainDatasetAdapter": "a Grain dataset"}
+        return kinds.get(name, "")
+
     def _device_profile(self) -> str:
         if self.device:
             return self.device
@@ -212,6 +227,7 @@ class MemScopeCallback(keras.callbacks.Callback):
             self.devices = ["CPU:0"]
         found = self._fit_locals()
         self.data_bytes = self._array_bytes(found)
+        self.data_source = self._pipeline(found)
         if self.batch_size is None:
             self.batch_size = self._infer_batch_size(found)
         if self.batch_size is None:
@@ -320,6 +336,15 @@ class MemScopeCallback(keras.callbacks.Callback):
                           " of x, y and sample_weight), which it holds as tensors in the same "
                           "allocator (a tf.data pipeline that makes its batches as it goes "
                           "holds only those it prefetches)")
+            elif self.data_source:
+                batch = est.input_bytes // max(1, est.input_batches)
+                batches = (current - held) / batch if batch else 0.0
+                cause += (f", among them the batches of fit()'s input pipeline "
+                          f"({self.data_source}): it holds those it has made and not yet "
+                          "handed over (prefetch buffers, a map's outputs) and the tensors "
+                          f"it was made from; the excess is about {batches:.1f} batches of "
+                          f"{human_bytes(batch)} (inputs and labels at batch "
+                          f"{est.device_batch_size or est.batch_size})")
         else:
             holder = est.peak_holders[0] if est.peak_holders else None
             biggest = (f"; the largest estimated holder is {holder.kind} of {holder.layer}"

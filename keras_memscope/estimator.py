@@ -528,13 +528,25 @@ def estimate(
                      "of more than one unit (sparse categorical cross-entropy), else like the "
                      "output (mean squared error), as measure() trains it; compile the model "
                      "with its loss to size them")
-    input_bytes = sum(round_up(n) for n in input_sizes)
+    # fit() with steps_per_execution > 1 runs its steps in a tf.while_loop
+    # whose body fetches the next batch beside the step it runs (the fetch
+    # does not wait for the step): two batches are alive through each step
+    per_call = _steps_per_execution(model)
+    batches = 2 if per_call > 1 else 1
+    input_bytes = batches * sum(round_up(n) for n in input_sizes)
+    if per_call > 1:
+        notes.append(
+            f"compiled with steps_per_execution={per_call}: fit() runs {per_call} steps per "
+            f"call in a loop that fetches the next batch while a step runs, so two batches "
+            f"are alive through each step ({human_bytes(input_bytes)} of inputs and labels, "
+            f"counted in input_bytes); with steps_per_execution=1 the next batch waits in "
+            f"the input pipeline")
     # In the order a training run makes them: weights when the model is built,
     # then the batch, then the optimizer's variables at its first step.
     temporaries_of = _initializer_temporaries(model)
     persistent: list[tuple] = [("weights", w.nbytes, w.key, temporaries_of.get(w.key, 0))
                                for w in graph.variables]
-    persistent += [("input batch", n) for n in input_sizes]
+    persistent += [("input batch", n) for n in input_sizes] * batches
     # Without a distribution strategy Keras builds the optimizer while tracing
     # the first step, and slots that start equal share one buffer until their
     # first update (optimizers.Slot); under a strategy it builds them eagerly.
@@ -666,6 +678,7 @@ def estimate(
         weights_bytes=weights_bytes,
         optimizer_bytes=state.state_bytes + result.accumulator_zeros_bytes,
         input_bytes=input_bytes,
+        input_batches=batches,
         activations_bytes=result.activations_bytes,
         gradients_bytes=result.gradients_bytes,
         workspace_bytes=result.workspace_bytes,
@@ -695,6 +708,18 @@ def estimate(
         remat=(remat_spec.describe() if remat_spec else
                ", ".join(sorted({s.describe() for s in per_layer.values()}))),
     )
+
+
+def _steps_per_execution(model: Any) -> int:
+    """The steps ``fit`` runs per call of its training function, as the
+    model was compiled (``compile(steps_per_execution=N)``); 1 where it was
+    not compiled or the setting is not a positive integer."""
+    if not getattr(model, "compiled", False):
+        return 1
+    value = getattr(model, "steps_per_execution", 1)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return 1
+    return value
 
 
 def _own_train_step(model: Any) -> str | None:

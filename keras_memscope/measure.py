@@ -86,19 +86,14 @@ def synthetic_tensor(shape: Any, dtype: str, *, zeros: bool = False) -> Any:
     return tf.ones(shape, dtype=dtype)
 
 
-def run_steps(model: Any, batch_size: int, *, optimizer: Any, loss: Any, steps: int,
-              device: str, input_shape: Any = None,
-              around_step: Callable[[Callable[[], Any]], Any] | None = None
-              ) -> dict[str, Any]:
-    """Compile ``model``, train it on one synthetic batch, read the allocator.
-
-    Runs in the current process; the caller is responsible for the allocator
-    setting (see :func:`measure`). ``around_step(step)``, where given, runs
-    each measured step (not the warm-up) by calling ``step()``
-    (``benchmarks/step_phases.py`` profiles each step's allocations).
-    """
-    import tensorflow as tf
-
+def synthetic_batch(model: Any, batch_size: int, *, loss: Any = None,
+                    input_shape: Any = None) -> tuple[Any, Any, Any]:
+    """``(x, y, loss)``: a batch of ``batch_size`` for ``model``'s inputs
+    (:func:`synthetic_tensor`), targets shaped for its outputs and losses,
+    and the loss it trains with: ``loss``, else the model's compiled one,
+    else per output sparse categorical cross-entropy for an output of more
+    than one unit and mean squared error otherwise (class indices as
+    targets for a sparse loss, zeros like the output for any other)."""
     from .graph import concrete_input_shapes
 
     specs = concrete_input_shapes(model, batch_size, input_shape)
@@ -109,9 +104,6 @@ def run_steps(model: Any, batch_size: int, *, optimizer: Any, loss: Any, steps: 
         loss = getattr(model, "loss", None) or [_default_loss(s) for s in out_shapes]
         if isinstance(loss, list) and len(loss) == 1:
             loss = loss[0]
-    if isinstance(optimizer, str):
-        optimizer = by_name(optimizer)
-    model.compile(optimizer=optimizer, loss=loss, jit_compile=False)
     names = list(getattr(model, "output_names", None) or [])
     if isinstance(loss, dict):  # one loss per named output
         losses = [loss.get(n) for n in names]
@@ -129,6 +121,26 @@ def run_steps(model: Any, batch_size: int, *, optimizer: Any, loss: Any, steps: 
         y = dict(zip(names, ys))  # the targets in the outputs' structure
     else:
         y = ys[0] if len(ys) == 1 else ys
+    return x, y, loss
+
+
+def run_steps(model: Any, batch_size: int, *, optimizer: Any, loss: Any, steps: int,
+              device: str, input_shape: Any = None,
+              around_step: Callable[[Callable[[], Any]], Any] | None = None
+              ) -> dict[str, Any]:
+    """Compile ``model``, train it on one synthetic batch, read the allocator.
+
+    Runs in the current process; the caller is responsible for the allocator
+    setting (see :func:`measure`). ``around_step(step)``, where given, runs
+    each measured step (not the warm-up) by calling ``step()``
+    (``benchmarks/step_phases.py`` profiles each step's allocations).
+    """
+    import tensorflow as tf
+
+    x, y, loss = synthetic_batch(model, batch_size, loss=loss, input_shape=input_shape)
+    if isinstance(optimizer, str):
+        optimizer = by_name(optimizer)
+    model.compile(optimizer=optimizer, loss=loss, jit_compile=False)
     dev = "GPU:0" if device == "gpu" else "CPU:0"
     model.train_on_batch(x, y)
     peaks, currents = [], []

@@ -172,6 +172,10 @@ class MemoryEstimate:
     the requests (BFC does not split a free chunk under twice a request
     when the rest is under 128 MiB: VGG16's 392 MiB Adam slot in a 512 MiB
     chunk). 0 where no step was simulated.
+    ``input_bytes`` is the batch's inputs and labels, ``input_batches``
+    of them: 2 where the model is compiled with ``steps_per_execution``
+    greater than 1 (``fit`` then runs its steps in a loop that fetches the
+    next batch while a step runs), else 1.
     """
 
     model_name: str
@@ -212,6 +216,7 @@ class MemoryEstimate:
     history_peaks: tuple[int, ...] = ()
     constants_bytes: int = 0
     held_bytes: int = 0
+    input_batches: int = 1
 
     @property
     def no_reuse_bytes(self) -> int:

@@ -47,7 +47,9 @@ def totals_rows(est: MemoryEstimate) -> list[list[str]]:
     return [
         ["weights", human_bytes(est.weights_bytes)],
         ["optimizer state", human_bytes(est.optimizer_bytes)],
-        ["input batch and labels", human_bytes(est.input_bytes)],
+        ["input batch and labels" if est.input_batches == 1 else
+         f"input batches and labels ({est.input_batches}: the next is fetched during the step)",
+         human_bytes(est.input_bytes)],
         *constants,
         *released,
         ["activations (alive at peak)", human_bytes(est.activations_bytes)],
