@@ -195,6 +195,10 @@ KERAS_IO_CONFIGS = [
     ("xceptionsmall", 16, "adam"), ("texttransformer", 32, "adam"),
     ("tstransformer", 16, "adam"),
 ]
+# two custom layers that run loops of their own (``keras.ops.scan``,
+# ``keras.ops.fori_loop``), written after the keras-io set; measured and
+# estimated once, with no change between
+OWN_LOOPS_CONFIGS = [("ssmscan", 32, "adam"), ("refine", 256, "adam")]
 #: the sets beside the zoo, by their flag, in the order they were written
 SETS = {"held-out": HELD_OUT_CONFIGS, "unseen": UNSEEN_CONFIGS, "fresh": FRESH_CONFIGS,
         "novel": NOVEL_CONFIGS, "untried": UNTRIED_CONFIGS, "blind": BLIND_CONFIGS,
@@ -204,7 +208,8 @@ SETS = {"held-out": HELD_OUT_CONFIGS, "unseen": UNSEEN_CONFIGS, "fresh": FRESH_C
         "unforeseen": UNFORESEEN_CONFIGS, "unexpected": UNEXPECTED_CONFIGS,
         "unanticipated": UNANTICIPATED_CONFIGS, "unmapped": UNMAPPED_CONFIGS,
         "unsurveyed": UNSURVEYED_CONFIGS, "unfamiliar": UNFAMILIAR_CONFIGS,
-        "unexamined": UNEXAMINED_CONFIGS, "keras-io": KERAS_IO_CONFIGS}
+        "unexamined": UNEXAMINED_CONFIGS, "keras-io": KERAS_IO_CONFIGS,
+        "own-loops": OWN_LOOPS_CONFIGS}
 def _multi(mapped: dict[str, str]) -> dict[str, Any]:
     """A serialized ``MultiOptimizer``: SGD with momentum for every variable
     but those whose path matches a pattern of ``mapped`` (to an optimizer's

@@ -1986,6 +1986,64 @@ def mlp_gelu() -> keras.Model:
     return keras.Model(x, layers.Dense(10)(h), name="mlp_gelu")
 
 
+class _LinearScan(layers.Layer):
+    """A linear state-space recurrence: ``h_t = sigmoid(a) * h_{t-1} + u_t``
+    over the projected input ``u``, by ``keras.ops.scan`` over time."""
+
+    def build(self, input_shape):
+        self.a = self.add_weight(shape=(input_shape[-1],), initializer="zeros")
+        self.proj = layers.Dense(input_shape[-1])
+        self.proj.build(input_shape)
+
+    def call(self, x):
+        u = keras.ops.transpose(self.proj(x), (1, 0, 2))
+        decay = keras.ops.sigmoid(self.a)
+
+        def step(h, u_t):
+            h = decay * h + u_t
+            return h, h
+
+        _, hs = keras.ops.scan(step, keras.ops.zeros_like(u[0]), u)
+        return keras.ops.transpose(hs, (1, 0, 2))
+
+
+def ssmscan() -> keras.Model:
+    """A state-space sequence classifier: Dense 64 over 128 x 32 inputs, two
+    residual ``_LinearScan`` blocks with LayerNormalization, average
+    pooling, Dense 10 (sparse cross-entropy from logits)."""
+    x = keras.Input((128, 32))
+    h = layers.Dense(64)(x)
+    for _ in range(2):
+        h = layers.LayerNormalization()(h + _LinearScan()(h))
+    model = keras.Model(x, layers.Dense(10)(layers.GlobalAveragePooling1D()(h)), name="ssmscan")
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+class _Refine(layers.Layer):
+    """Four fixed-point iterations ``h = tanh(h W + x)`` from zeros, by
+    ``keras.ops.fori_loop``."""
+
+    def build(self, input_shape):
+        self.w = self.add_weight(shape=(input_shape[-1], input_shape[-1]),
+                                 initializer="glorot_uniform")
+
+    def call(self, x):
+        return keras.ops.fori_loop(
+            0, 4, lambda i, h: keras.ops.tanh(keras.ops.matmul(h, self.w) + x),
+            keras.ops.zeros_like(x))
+
+
+def refine() -> keras.Model:
+    """Dense 512 ReLU over 256 inputs, a ``_Refine`` layer, Dense 10 (sparse
+    cross-entropy from logits)."""
+    x = keras.Input((256,))
+    h = _Refine()(layers.Dense(512, activation="relu")(x))
+    model = keras.Model(x, layers.Dense(10)(h), name="refine")
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
 def named(name: str) -> keras.Model:
     """The model a benchmark's ``--model`` names: a builder of this module,
     or ``module:function`` (``tests.models:gated_mlp``)."""
