@@ -228,5 +228,9 @@ def apply(
         opt = accumulating(opt, model, accumulation_steps)
     elif isinstance(opt, keras.optimizers.Optimizer):
         opt = type(opt).from_config(opt.get_config())
-    new.compile(optimizer=opt, loss=loss or getattr(model, "loss", None))
+    # fit's steps per call as the user compiled them (a loop of several
+    # holds the next batch through each step)
+    per_call = getattr(model, "steps_per_execution", 1) if getattr(model, "compiled", False) else 1
+    new.compile(optimizer=opt, loss=loss or getattr(model, "loss", None),
+                steps_per_execution=per_call if isinstance(per_call, int) else 1)
     return new

@@ -67,3 +67,16 @@ def test_the_next_batch_against_fit():
     assert est.input_bytes == 2 * batch
     rise = four["live_peak"] - one["live_peak"]
     assert abs(rise - batch) <= 0.15 * batch, (rise / 2**20, batch / 2**20)
+
+
+def test_a_remedy_keeps_the_steps_per_call():
+    """``apply`` compiles the changed model with the user's
+    ``steps_per_execution`` (it had compiled it with one step per call), so
+    that the changed model holds the next batch as the what-if counted."""
+    model = _compiled_mlp(4)
+    predicted = memscope.whatif(model, 2048, device="cpu", optimizer="sgd")
+    applied = memscope.apply(model, optimizer="sgd")
+    assert applied.steps_per_execution == 4
+    rebuilt = memscope.estimate(applied, 2048, device="cpu")
+    assert predicted.input_batches == rebuilt.input_batches == 2
+    assert predicted.peak_bytes == rebuilt.peak_bytes
