@@ -182,6 +182,7 @@ def apply(
     """
     import keras
 
+    from .estimator import _steps_per_execution
     from .remat import FAILS_IN_FIT_ON_TF, activation_blockers, blocked_note, parse_remat
     from .transform import _check_rebuildable, _set_policy, check_policy, from_own_config
 
@@ -230,7 +231,6 @@ def apply(
         opt = type(opt).from_config(opt.get_config())
     # fit's steps per call as the user compiled them (a loop of several
     # holds the next batch through each step)
-    per_call = getattr(model, "steps_per_execution", 1) if getattr(model, "compiled", False) else 1
     new.compile(optimizer=opt, loss=loss or getattr(model, "loss", None),
-                steps_per_execution=per_call if isinstance(per_call, int) else 1)
+                steps_per_execution=_steps_per_execution(model))
     return new

@@ -3,10 +3,6 @@ while a step runs."""
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-
 import keras
 
 import keras_memscope as memscope
@@ -14,7 +10,7 @@ from benchmarks import zoo
 from benchmarks.steps_per_execution import TRACED
 from keras_memscope.measure import synthetic_batch
 from keras_memscope.report import totals_rows
-from tests import forked
+from tests.test_measure import _in_fresh_process
 
 
 def _compiled_mlp(per_call: int) -> keras.Model:
@@ -53,15 +49,7 @@ def test_the_next_batch_against_fit():
     allocator's layout out: its peaks rose by +8.2 MiB lowest process
     against lowest (six each), and by up to twice that where a batch sits
     in a chunk the allocator did not split."""
-    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPP_MIN_LOG_LEVEL="3")
-
-    def run(per_call: int) -> dict:
-        proc = forked.run([sys.executable, "-c", TRACED, "mlp", "2048", "adam", str(per_call)],
-                          env=env, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-
-    one, four = run(1), run(4)
+    one, four = (_in_fresh_process(TRACED, "mlp", "2048", "adam", str(n)) for n in (1, 4))
     batch = one["batch_bytes"]
     est = memscope.estimate(_compiled_mlp(4), 2048, device="cpu")
     assert est.input_bytes == 2 * batch
