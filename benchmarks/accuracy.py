@@ -199,6 +199,12 @@ KERAS_IO_CONFIGS = [
 # ``keras.ops.fori_loop``), written after the keras-io set; measured and
 # estimated once, with no change between
 OWN_LOOPS_CONFIGS = [("ssmscan", 32, "adam"), ("refine", 256, "adam")]
+# three more such layers (a hand-written Elman scan, Newton steps by
+# ``keras.ops.while_loop``, chunk sums by ``fori_loop``), written after such
+# layers were costed from their own graphs (``keras_memscope.looplayer``);
+# measured and estimated once, with no change between
+MORE_LOOPS_CONFIGS = [("rnnscan", 64, "rmsprop"), ("newtonsqrt", 256, "adam"),
+                      ("chunksum", 512, "sgd")]
 #: the sets beside the zoo, by their flag, in the order they were written
 SETS = {"held-out": HELD_OUT_CONFIGS, "unseen": UNSEEN_CONFIGS, "fresh": FRESH_CONFIGS,
         "novel": NOVEL_CONFIGS, "untried": UNTRIED_CONFIGS, "blind": BLIND_CONFIGS,
@@ -209,7 +215,7 @@ SETS = {"held-out": HELD_OUT_CONFIGS, "unseen": UNSEEN_CONFIGS, "fresh": FRESH_C
         "unanticipated": UNANTICIPATED_CONFIGS, "unmapped": UNMAPPED_CONFIGS,
         "unsurveyed": UNSURVEYED_CONFIGS, "unfamiliar": UNFAMILIAR_CONFIGS,
         "unexamined": UNEXAMINED_CONFIGS, "keras-io": KERAS_IO_CONFIGS,
-        "own-loops": OWN_LOOPS_CONFIGS}
+        "own-loops": OWN_LOOPS_CONFIGS, "more-loops": MORE_LOOPS_CONFIGS}
 def _multi(mapped: dict[str, str]) -> dict[str, Any]:
     """A serialized ``MultiOptimizer``: SGD with momentum for every variable
     but those whose path matches a pattern of ``mapped`` (to an optimizer's

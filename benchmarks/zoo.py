@@ -2044,6 +2044,89 @@ def refine() -> keras.Model:
     return model
 
 
+class _TanhScan(layers.Layer):
+    """An Elman recurrence written by hand: ``h_t = tanh(h_{t-1} W + u_t)``
+    over the projected input, by ``keras.ops.scan`` over time."""
+
+    def __init__(self, units: int, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+
+    def build(self, input_shape):
+        self.u = self.add_weight(shape=(input_shape[-1], self.units),
+                                 initializer="glorot_uniform")
+        self.w = self.add_weight(shape=(self.units, self.units), initializer="orthogonal")
+
+    def call(self, x):
+        u = keras.ops.transpose(keras.ops.matmul(x, self.u), (1, 0, 2))
+
+        def step(h, u_t):
+            h = keras.ops.tanh(keras.ops.matmul(h, self.w) + u_t)
+            return h, h
+
+        last, _ = keras.ops.scan(step, keras.ops.zeros_like(u[0]), u)
+        return last
+
+
+def rnnscan() -> keras.Model:
+    """A ``_TanhScan`` of 256 units over 96 steps of 48 features, its last
+    state into Dense 10 (sparse cross-entropy from logits)."""
+    x = keras.Input((96, 48))
+    model = keras.Model(x, layers.Dense(10)(_TanhScan(256)(x)), name="rnnscan")
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+class _Newton(layers.Layer):
+    """Six Newton steps towards the square root of its input,
+    ``y = (y + x / y) / 2`` from ones, by ``keras.ops.while_loop``."""
+
+    def call(self, x):
+        _, y = keras.ops.while_loop(
+            lambda i, y: i < 6, lambda i, y: (i + 1, 0.5 * (y + x / y)),
+            (0, keras.ops.ones_like(x)))
+        return y
+
+
+def newtonsqrt() -> keras.Model:
+    """Dense 1024 softplus over 512 inputs, shifted by one, a ``_Newton``
+    layer, Dense 1024 ReLU, Dense 10 (sparse cross-entropy from logits)."""
+    x = keras.Input((512,))
+    h = layers.Dense(1024, activation="softplus")(x)
+    h = _Newton()(layers.Lambda(lambda t: t + 1.0)(h))
+    h = layers.Dense(1024, activation="relu")(h)
+    model = keras.Model(x, layers.Dense(10)(h), name="newtonsqrt")
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+class _ChunkSum(layers.Layer):
+    """The sum over eight column chunks of ``relu(chunk W)``, one chunk per
+    iteration of ``keras.ops.fori_loop`` (a dynamic slice of the input)."""
+
+    def build(self, input_shape):
+        self.chunk = input_shape[-1] // 8
+        self.w = self.add_weight(shape=(self.chunk, 512), initializer="glorot_uniform")
+
+    def call(self, x):
+        def body(i, acc):
+            part = keras.ops.slice(x, (0, i * self.chunk), (keras.ops.shape(x)[0], self.chunk))
+            return acc + keras.ops.relu(keras.ops.matmul(part, self.w))
+
+        return keras.ops.fori_loop(
+            0, 8, body, keras.ops.zeros((keras.ops.shape(x)[0], 512), dtype=x.dtype))
+
+
+def chunksum() -> keras.Model:
+    """Dense 1024 ReLU over 256 inputs, a ``_ChunkSum`` layer, Dense 10
+    (sparse cross-entropy from logits)."""
+    x = keras.Input((256,))
+    h = _ChunkSum()(layers.Dense(1024, activation="relu")(x))
+    model = keras.Model(x, layers.Dense(10)(h), name="chunksum")
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
 def named(name: str) -> keras.Model:
     """The model a benchmark's ``--model`` names: a builder of this module,
     or ``module:function`` (``tests.models:gated_mlp``)."""

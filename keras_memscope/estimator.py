@@ -169,7 +169,17 @@ def lower(graph: ModelGraph, ruleset: RuleSet, method: str = "rules",
                 except NotImplementedError as exc:  # a loop: the rule sizes it
                     logger.info("%s: %s", call.name, exc)
                     kept = getattr(exc, "loops", ())
-                    prims = by_rule(dataclasses.replace(call, loops=kept) if kept else call)
+                    prims = []
+                    if ruleset.lookup(call.layer) is None:
+                        # no rule: the layer's own graph, its loops and lists sized
+                        try:
+                            prims = traced_prims(call, xla_buffers=xla_buffers,
+                                                 loop_layer=True)
+                            rule_names.append("graph (loop layer)")
+                        except Exception as inner:
+                            logger.info("%s: %s", call.name, inner)
+                    if not prims:
+                        prims = by_rule(dataclasses.replace(call, loops=kept) if kept else call)
                 except Exception as exc:  # not traceable on its own: use the rules
                     logger.warning("could not trace %s alone (%s); using its rule",
                                    call.name, exc)

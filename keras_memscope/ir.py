@@ -35,6 +35,8 @@ class Prim:
             holds it (element-wise ops).
         alias: output 0 is a view of input 0 (reshape): no allocation at all.
         forward_workspace_bytes: temporary bytes alive only while it runs.
+        forward_workspace_pieces: how many equal allocations those bytes are
+            (a list's elements, each its own: a loop layer's input list).
         backward_workspace_bytes: temporary bytes alive only while its gradient runs.
         backward_workspace_parts: the sizes of the allocations those bytes
             are (a gradient's intermediates are separate tensors, not one
@@ -124,6 +126,7 @@ class Prim:
     inplace: tuple[str, ...] = ()
     alias: bool = False
     forward_workspace_bytes: int = 0
+    forward_workspace_pieces: int = 1
     backward_workspace_bytes: int = 0
     backward_workspace_parts: tuple[int, ...] = ()
     backward_workspace_parts_if_free: tuple[int, ...] = ()

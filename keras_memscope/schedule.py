@@ -942,7 +942,8 @@ def simulate(
             for bid in read_copies:
                 sim.free(bid)
             if p.forward_workspace_bytes:
-                ws = sim.alloc(p.forward_workspace_bytes, op.name, WORKSPACE)
+                ws = sim.alloc(p.forward_workspace_bytes, op.name, WORKSPACE,
+                               p.forward_workspace_pieces)
                 layer_workspace[op.index] = max(
                     layer_workspace[op.index], sim.buffers[ws].nbytes
                 )

@@ -625,15 +625,20 @@ def loop_iteration_bytes(while_op: Any, read: Collection[int]) -> tuple[int, ...
     return tuple(sizes)
 
 
-def traced_prims(call: CallRecord, xla_buffers: bool = True) -> list[Prim]:
+def traced_prims(call: CallRecord, xla_buffers: bool = True,
+                 loop_layer: bool = False) -> list[Prim]:
     """The prims of one layer call, from TensorFlow's graph of its forward and
     gradient (cached by the call's signature). With ``xla_buffers`` a function the
     layer has XLA compile adds the temporary buffer XLA runs it with on this
     machine's CPU (``keras_memscope.xla``); without, nothing (a GPU compiles
-    it otherwise)."""
-    key = _signature(call) + ("" if xla_buffers else " (no xla)")
+    it otherwise). A call whose forward pass runs a loop raises
+    :class:`LoopLayer` (its rule schedules it), unless ``loop_layer``: then
+    it is one prim made from its graph (``keras_memscope.looplayer``: for a
+    layer no rule knows)."""
+    key = (_signature(call) + ("" if xla_buffers else " (no xla)")
+           + (" (loop layer)" if loop_layer else ""))
     if key not in _CACHE:
-        _CACHE[key] = _trace(call, xla_buffers)
+        _CACHE[key] = _trace(call, xla_buffers, loop_layer)
     # the cached prims name weights by position; this call's names replace them
     names = {f"w#{i}": f"w:{w.name}" for i, w in enumerate(call.weights)}
     return [p.renamed(names) for p in _CACHE[key]]
@@ -643,7 +648,8 @@ def traced_prims(call: CallRecord, xla_buffers: bool = True) -> list[Prim]:
 _ROOT_SCOPE_START = re.compile(r"[A-Za-z0-9.]")
 
 
-def _trace(call: CallRecord, xla_buffers: bool = True) -> list[Prim]:
+def _trace(call: CallRecord, xla_buffers: bool = True,
+           loop_layer: bool = False) -> list[Prim]:
     import keras
     import tensorflow as tf
     from keras import tree
@@ -745,6 +751,25 @@ def _trace(call: CallRecord, xla_buffers: bool = True) -> list[Prim]:
         ops[:split] + ran, graph.outputs,
         {op.name for op in ran if op.type in ("While", "StatelessWhile")})
     loops = {op.type for op in ops[:split]} & {"While", "StatelessWhile", "If", "StatelessIf"}
+    if loops and loop_layer:
+        from .looplayer import loop_layer_prim
+
+        placeholders = [t for t in graph.inputs if t.dtype.name != "resource"]
+        weights = _variable_refs(call, graph)
+        refs = {t.name: f"in{i}" for i, t in enumerate(placeholders[:n_in])}
+        trainable_refs = [weights[t.name] for t in placeholders[n_in:n_in + n_t]
+                          if t.name in weights]
+        # (the gradients arriving at the outputs come after the forward pass:
+        # a gradient op that reads one is not ready with the forward ops)
+        arriving = {t.op.name for t in placeholders[n_in + len(weight_specs):]}
+        forward, backward = _hoist_ready([op for op in ops[:split] if op.name not in arriving],
+                                         ran)
+        return loop_layer_prim(
+            type(layer).__name__, forward, backward, placeholders[:n_in], refs,
+            [graph.get_tensor_by_name(n) for n in out_names][:len(call.outputs)],
+            graph.outputs, list(dict.fromkeys(weights.values())),
+            [refs[t.name] for t in placeholders[:n_in] if t.dtype.is_floating]
+            + trainable_refs)
     if loops:
         # the rule schedules a loop, with what its iterations keep, read here:
         # for every gradient, and for the weights' alone (the runtime prunes
