@@ -919,20 +919,31 @@ def _initializer_temporaries(model: Any) -> dict[int, int]:
     return found
 
 
-def _loop_backlog(ops: Sequence[LayerOp]) -> list[tuple[str, int]]:
+def _loop_backlog(ops: Sequence[LayerOp]) -> list[tuple[str, int, bool]]:
     """The layer calls whose gradient loop may run ahead of its
     weight-gradient sums, with the bytes it would then hold (their prims'
-    ``backlog_parts``: ``rules.recurrent``)."""
-    found = [(op.name, sum(sum(p.backlog_parts) for p in op.prims)) for op in ops]
-    return [(name, n) for name, n in found if n]
+    ``backlog_parts``: ``rules.recurrent``, ``looplayer``) and whether it
+    is a recurrent layer's (a ``"recurrence"`` prim)."""
+    found = [(op.name, sum(sum(p.backlog_parts) for p in op.prims),
+              any(p.name == "recurrence" for p in op.prims)) for op in ops]
+    return [(name, n, recurrent) for name, n, recurrent in found if n]
 
 
-def _loop_notes(backlog: list[tuple[str, int]], extra: int) -> list[str]:
-    """What recurrent layers' gradient loops may add, in words: each layer's
-    backlog, and how much higher the simulated peak is with them held."""
+def _loop_notes(backlog: list[tuple[str, int, bool]], extra: int) -> list[str]:
+    """What gradient loops may add, in words: each layer's backlog, and how
+    much higher the simulated peak is with them held."""
+    from .looplayer import PARALLEL_ITERATIONS as LOOP_ITERATIONS
     from .rules.recurrent import PARALLEL_ITERATIONS
 
     notes = [
+        f"{name}: its gradient loop can run iterations ahead of the sums it carries (up "
+        f"to its loop's parallel_iterations, {LOOP_ITERATIONS} unless set), each iteration "
+        f"ahead holding one more of its partial gradients ({human_bytes(n)} at most); the "
+        "estimate assumes the sums keep up. "
+        "TensorFlow runs a loop's iterations side by side where they do not wait for each "
+        "other; where it must fit, plan for possible_extra_bytes "
+        "(fits(...).worst_case_fits)"
+        if not recurrent else
         f"{name}: its gradient loop can run up to {PARALLEL_ITERATIONS} timesteps ahead "
         f"of its weight-gradient sums, each step ahead holding one more partial kernel "
         f"gradient ({human_bytes(n)} at most); the estimate assumes the sums keep up. "
@@ -943,8 +954,8 @@ def _loop_notes(backlog: list[tuple[str, int]], extra: int) -> list[str]:
         "not with SGD or RMSprop, on another with SGD in two of three processes and a "
         "bidirectional LSTM with Adam in all; where it must fit, plan for "
         "possible_extra_bytes (fits(...).worst_case_fits)"
-        for name, n in backlog]
-    notes.append(f"with every recurrent loop's backlog held, the simulated peak is "
+        for name, n, recurrent in backlog]
+    notes.append(f"with every loop's backlog held, the simulated peak is "
                  f"{human_bytes(extra)} higher (possible_extra_bytes)")
     return notes
 

@@ -440,6 +440,39 @@ def _trips(ops: Sequence[Any], known: dict[str, int]) -> dict[str, int]:
 _FORWARDING = FORWARDING_OPS | FORWARDING_GRAD_OPS
 
 
+#: iterations TensorFlow's ``tf.while_loop`` runs at once unless told
+PARALLEL_ITERATIONS = 10
+
+
+def loop_backlog(loop: Any, trips: int) -> list[int]:
+    """What a gradient loop holds beyond one iteration when it runs ahead of
+    the sums it carries: each iteration's partials (what its body adds into
+    a loop variable: a kernel's partial gradient, a dynamic slice's gradient
+    padded to its input) for every iteration it may run ahead, up to the
+    loop's ``parallel_iterations`` (TensorFlow runs iterations side by side
+    where they do not wait for each other: the allocator trace of a loop
+    summing eight chunks' gradients holds several iterations' 2 MiB slice
+    gradients at once)."""
+    body = getattr(loop, "_body_graph", None)
+    if body is None:
+        return []
+    partials: list[int] = []
+    for j, out in enumerate(body.outputs):
+        src = _past_identities(out)
+        if (j >= len(body.inputs) or src.name == body.inputs[j].name
+                or not src.dtype.is_floating or src.op.type not in ("AddN", "AddV2", "Add")):
+            continue
+        mine = [x for x in src.op.inputs if _past_identities(x).name == body.inputs[j].name]
+        if mine:
+            partials += [round_up(_bytes(x)) for x in src.op.inputs
+                         if _past_identities(x).name != body.inputs[j].name and _bytes(x)]
+    try:
+        at_once = int(loop.get_attr("parallel_iterations"))
+    except (ValueError, TypeError):
+        at_once = PARALLEL_ITERATIONS
+    return partials * max(0, min(trips, at_once) - 1)
+
+
 def _macs(ops: Sequence[Any], trips: dict[str, int]) -> int:
     """Multiply-accumulates of ``ops``, a loop's body's as many times as it
     runs."""
@@ -468,7 +501,8 @@ def loop_layer_prim(name: str, forward: Sequence[Any], backward: Sequence[Any],
     outputs the gradient reads. Its forward workspace is the highest the
     forward ops reach beyond those; its backward workspace, the highest the
     gradient ops reach beyond what was held before them and the gradients
-    they return."""
+    they return; its ``backlog_parts``, what its gradient loops hold when
+    they run ahead of their sums (:func:`loop_backlog`)."""
     ops = list(forward) + list(backward)
     trips = _trips(ops, {})
     # the zeros a gradient loop starts its sums from are made at every step
@@ -517,6 +551,8 @@ def loop_layer_prim(name: str, forward: Sequence[Any], backward: Sequence[Any],
     parts += [loop_extra] if loop_extra else []
     if backward_ws and sum(parts) != backward_ws:
         parts = []  # (what was held before it let go of some: one block)
+    backlog = [n for op in backward if op.type in WHILE_OPS and op.name in trips
+               for n in loop_backlog(op, trips[op.name])]
     outs = [(f"out{i}", _bytes(t)) for i, t in enumerate(outputs)]
     if kept_bytes:
         outs.append(("t0", kept_bytes))
@@ -529,4 +565,5 @@ def loop_layer_prim(name: str, forward: Sequence[Any], backward: Sequence[Any],
                  backward_workspace_bytes=backward_ws,
                  backward_workspace_parts=tuple(parts) if backward_ws and len(parts) > 1 else (),
                  output_pieces=[("t0", kept_pieces)] if kept_bytes and kept_pieces > 1 else [],
+                 backlog_parts=backlog,
                  macs=_macs(forward, trips))]

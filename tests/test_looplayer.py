@@ -110,3 +110,25 @@ def test_a_custom_loop_layer_against_measurement():
              for s in memscope.measure(model, 128, optimizer="adam", steps=4,
                                        device="cpu").step_peak_bytes]
     assert 0.9 * min(steps) <= est.peak_bytes <= 1.1 * max(steps), (est.peak_bytes, steps)
+
+
+def test_a_gradient_loop_may_run_ahead_of_its_sums():
+    """A ``fori_loop``'s gradient loop (10 iterations at once unless told)
+    may run ahead of the sums it carries, each iteration ahead holding its
+    partials: for eight chunk products, the kernel's partial gradient and
+    the input's slice gradient (padded to the input's shape) for up to
+    seven iterations ahead, the estimate's ``possible_extra_bytes`` and a
+    note; a scan (one iteration at a time: Keras' ``scan`` unrolls nothing)
+    holds none."""
+    from benchmarks.zoo import _ChunkSum
+
+    p = _loop_prim(_ChunkSum(), (64, 256))
+    kernel, padded = 32 * 512 * 4, 64 * 256 * 4
+    assert sorted(p.backlog_parts) == sorted([kernel, padded] * 7)
+    assert _loop_prim(_LinearScan(), (8, 16, 32)).backlog_parts == ()
+    x = keras.Input((256,))
+    model = keras.Model(x, keras.layers.Dense(10)(_ChunkSum()(x)))
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    est = memscope.estimate(model, 64, optimizer="sgd", device="cpu", method="graph")
+    assert est.possible_extra_bytes > 0
+    assert any("run iterations ahead" in n for n in est.notes)
