@@ -35,6 +35,7 @@ from .tfgraph import _macs as _op_macs
 from .units import round_up
 
 WHILE_OPS = ("While", "StatelessWhile")
+_BRANCHES = ("If", "StatelessIf", "Case", "StatelessCase")
 #: list ops whose output list holds what its input list holds, plus the
 #: element they write
 _LIST_WRITES = ("TensorListSetItem", "TensorListPushBack")
@@ -207,6 +208,10 @@ class _Buffers:
     def step(self, op: Any) -> None:
         if op.type == "Placeholder":
             return  # an argument: what it holds was given
+        if op.type in _BRANCHES:
+            # (what a branch holds is not followed here: the layer's rule,
+            # or the fallback, costs it)
+            raise NotImplementedError(f"{op.name}: a conditional")
         before = self.alive()
         extra = 0
         if op.type in WHILE_OPS:

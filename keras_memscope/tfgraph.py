@@ -761,7 +761,8 @@ def _trace(call: CallRecord, xla_buffers: bool = True,
                           if t.name in weights]
         # (the gradients arriving at the outputs come after the forward pass:
         # a gradient op that reads one is not ready with the forward ops)
-        arriving = {t.op.name for t in placeholders[n_in + len(weight_specs):]}
+        arriving = {t.op.name for t in placeholders[n_in + len(weight_specs):n_in + len(
+            weight_specs) + len(grad_specs)]}
         forward, backward = _hoist_ready([op for op in ops[:split] if op.name not in arriving],
                                          ran)
         return loop_layer_prim(

@@ -132,3 +132,21 @@ def test_a_gradient_loop_may_run_ahead_of_its_sums():
     est = memscope.estimate(model, 64, optimizer="sgd", device="cpu", method="graph")
     assert est.possible_extra_bytes > 0
     assert any("run iterations ahead" in n for n in est.notes)
+
+
+def test_a_conditional_in_a_loop_layer_keeps_the_fallback():
+    """What a branch (``keras.ops.cond``: an ``If`` op) holds is not followed:
+    a layer no rule knows that runs one keeps the rules' fallback and its
+    warning under the graph method too."""
+
+    class Gate(keras.layers.Layer):
+        def call(self, x):
+            y = keras.ops.fori_loop(0, 3, lambda i, h: keras.ops.tanh(h + x), x)
+            return keras.ops.cond(keras.ops.sum(y) > 0, lambda: y * 2.0, lambda: y)
+
+    x = keras.Input((64,))
+    model = keras.Model(x, keras.layers.Dense(10)(Gate()(x)))
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with pytest.warns(UserWarning, match="no cost rule for Gate"):
+        est = memscope.estimate(model, 32, optimizer="sgd", device="cpu", method="graph")
+    assert [r.rule for r in est.layers][0] == "fallback"
