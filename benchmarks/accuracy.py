@@ -205,6 +205,12 @@ OWN_LOOPS_CONFIGS = [("ssmscan", 32, "adam"), ("refine", 256, "adam")]
 # measured and estimated once, with no change between
 MORE_LOOPS_CONFIGS = [("rnnscan", 64, "rmsprop"), ("newtonsqrt", 256, "adam"),
                       ("chunksum", 512, "sgd")]
+# four more shapes of such layers (a reversed scan with two carries, loops
+# nested, mixed_bfloat16, a scan on the model's input), tried at batch 32
+# after --more-loops (the reversed scan's count down was read then), then
+# set at these batches, measured and estimated once, with no change between
+LOOP_SHAPES_CONFIGS = [("twinscan", 256, "adam"), ("nestedloops", 512, "adam"),
+                       ("refine_bf16", 512, "adam"), ("scanfirst", 128, "adam")]
 #: the sets beside the zoo, by their flag, in the order they were written
 SETS = {"held-out": HELD_OUT_CONFIGS, "unseen": UNSEEN_CONFIGS, "fresh": FRESH_CONFIGS,
         "novel": NOVEL_CONFIGS, "untried": UNTRIED_CONFIGS, "blind": BLIND_CONFIGS,
@@ -215,7 +221,8 @@ SETS = {"held-out": HELD_OUT_CONFIGS, "unseen": UNSEEN_CONFIGS, "fresh": FRESH_C
         "unanticipated": UNANTICIPATED_CONFIGS, "unmapped": UNMAPPED_CONFIGS,
         "unsurveyed": UNSURVEYED_CONFIGS, "unfamiliar": UNFAMILIAR_CONFIGS,
         "unexamined": UNEXAMINED_CONFIGS, "keras-io": KERAS_IO_CONFIGS,
-        "own-loops": OWN_LOOPS_CONFIGS, "more-loops": MORE_LOOPS_CONFIGS}
+        "own-loops": OWN_LOOPS_CONFIGS, "more-loops": MORE_LOOPS_CONFIGS,
+        "loop-shapes": LOOP_SHAPES_CONFIGS}
 def _multi(mapped: dict[str, str]) -> dict[str, Any]:
     """A serialized ``MultiOptimizer``: SGD with momentum for every variable
     but those whose path matches a pattern of ``mapped`` (to an optimizer's

@@ -2127,6 +2127,79 @@ def chunksum() -> keras.Model:
     return model
 
 
+class _TwinScan(layers.Layer):
+    """A reversed ``keras.ops.scan`` with two carries: a leaky sum and its
+    running maximum, both returned per step."""
+
+    def call(self, x):
+        xt = keras.ops.transpose(x, (1, 0, 2))
+
+        def step(carry, u):
+            a, b = carry
+            a = a * 0.9 + u
+            b = keras.ops.maximum(b, a)
+            return (a, b), (a, b)
+
+        zeros = keras.ops.zeros_like(xt[0])
+        (_, last), (ya, yb) = keras.ops.scan(step, (zeros, zeros), xt, reverse=True)
+        return keras.ops.transpose(ya + yb, (1, 0, 2)) + last[:, None, :]
+
+
+def twinscan() -> keras.Model:
+    """Dense 64 over 96 x 32 inputs, a ``_TwinScan``, average pooling,
+    Dense 10 (sparse cross-entropy from logits)."""
+    x = keras.Input((96, 32))
+    h = _TwinScan()(layers.Dense(64)(x))
+    model = keras.Model(x, layers.Dense(10)(layers.GlobalAveragePooling1D()(h)), name="twinscan")
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+class _NestedLoops(layers.Layer):
+    """Three outer ``fori_loop`` iterations of two inner ones, ``h =
+    tanh(h W) + x``."""
+
+    def build(self, input_shape):
+        self.w = self.add_weight(shape=(input_shape[-1], input_shape[-1]),
+                                 initializer="glorot_uniform")
+
+    def call(self, x):
+        def outer(i, h):
+            return keras.ops.fori_loop(
+                0, 2, lambda j, g: keras.ops.tanh(keras.ops.matmul(g, self.w)) + x, h)
+
+        return keras.ops.fori_loop(0, 3, outer, x)
+
+
+def nestedloops() -> keras.Model:
+    """Dense 512 over 256 inputs, a ``_NestedLoops`` layer, Dense 10 (sparse
+    cross-entropy from logits)."""
+    x = keras.Input((256,))
+    h = _NestedLoops()(layers.Dense(512)(x))
+    model = keras.Model(x, layers.Dense(10)(h), name="nestedloops")
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def refine_bf16() -> keras.Model:
+    """``refine`` with every layer under mixed_bfloat16, Dense 1024 wide."""
+    x = keras.Input((256,))
+    h = layers.Dense(1024, activation="relu", dtype="mixed_bfloat16")(x)
+    h = _Refine(dtype="mixed_bfloat16")(h)
+    model = keras.Model(x, layers.Dense(10, dtype="mixed_bfloat16")(h), name="refine_bf16")
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def scanfirst() -> keras.Model:
+    """A ``_TanhScan`` of 128 units straight on 64 x 32 inputs (no input
+    gradient), its last state into Dense 10."""
+    x = keras.Input((64, 32))
+    model = keras.Model(x, layers.Dense(10)(_TanhScan(128)(x)), name="scanfirst")
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
 def named(name: str) -> keras.Model:
     """The model a benchmark's ``--model`` names: a builder of this module,
     or ``module:function`` (``tests.models:gated_mlp``)."""

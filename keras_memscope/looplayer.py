@@ -61,7 +61,8 @@ def loop_trips(while_op: Any) -> int | None:
     """How many iterations a ``While`` op runs, where its condition compares
     a loop variable that starts at a constant and grows by a constant with
     a constant bound (``i < n``: ``keras.ops.fori_loop``, ``keras.ops.scan``
-    over a tensor of known length, a ``for`` over a ``range``), or its
+    over a tensor of known length, a ``for`` over a ``range``; ``i >= 0``
+    counting down: a reversed scan), or its
     ``maximum_iterations`` is a constant; the fewest of these; None where
     none is found."""
     import tensorflow as tf
@@ -84,33 +85,38 @@ def loop_trips(while_op: Any) -> int | None:
         return None if value is None or getattr(value, "shape", ()) != () else int(value)
 
     def counter(t: Any) -> tuple[int, int] | None:
-        """(start, step) of a loop variable that grows by a constant."""
+        """(start, step) of a loop variable that grows or shrinks by a
+        constant."""
         j = position.get(_past_identities(t).name)
         if j is None or j >= len(body.outputs):
             return None
-        start = tf.get_static_value(while_op.inputs[j])
+        start = _static_value(while_op.inputs[j])
         grow = _past_identities(body.outputs[j]).op
-        if start is None or grow.type not in ("AddV2", "Add") or len(grow.inputs) != 2:
+        if start is None or grow.type not in ("AddV2", "Add", "Sub") or len(grow.inputs) != 2:
             return None
         mine = [k for k, x in enumerate(grow.inputs)
                 if _past_identities(x).name == body.inputs[j].name]
-        if len(mine) != 1:
+        if len(mine) != 1 or (grow.type == "Sub" and mine[0] != 0):
             return None
         step = tf.get_static_value(grow.inputs[1 - mine[0]])
-        if step is None or getattr(step, "shape", ()) != () or int(step) <= 0:
+        if step is None or getattr(step, "shape", ()) != () or int(step) == 0:
             return None
-        return int(start), int(step)
+        return int(start), int(step) * (-1 if grow.type == "Sub" else 1)
 
     found = []
     for op in cond.get_operations():
-        if op.type not in ("Less", "LessEqual") or len(op.inputs) != 2:
+        if op.type not in ("Less", "LessEqual", "Greater", "GreaterEqual") \
+                or len(op.inputs) != 2:
             continue
         var, bound = counter(op.inputs[0]), static(op.inputs[1])
         if var is None or bound is None:
             continue
         start, step = var
-        span = bound - start + (1 if op.type == "LessEqual" else 0)
-        found.append(max(0, -(-span // step)))
+        closed = 1 if op.type.endswith("Equal") else 0
+        if op.type.startswith("Less") and step > 0:  # counting up to a bound
+            found.append(max(0, -(-(bound - start + closed) // step)))
+        elif op.type.startswith("Greater") and step < 0:  # counting down (a reversed scan)
+            found.append(max(0, -(-(start - bound + closed) // -step)))
     limit = _static_value(while_op.inputs[1]) if len(while_op.inputs) > 1 else None
     if limit is not None and getattr(limit, "shape", ()) == () and int(limit) >= 0:
         found.append(int(limit))  # maximum_iterations
@@ -119,10 +125,16 @@ def loop_trips(while_op: Any) -> int | None:
 
 def _static_value(t: Any) -> Any:
     """``tf.get_static_value``, and one element of a constant vector (a
-    dimension of a known shape: ``tf.shape(x)[0]``)."""
+    dimension of a known shape: ``tf.shape(x)[0]``), and a sum or difference
+    of two such (``tf.shape(x)[0] - 1``: where a reversed scan starts)."""
     import tensorflow as tf
 
     value = tf.get_static_value(t)
+    if value is None and t.op.type in ("AddV2", "Add", "Sub") and len(t.op.inputs) == 2:
+        a, b = (_static_value(x) for x in t.op.inputs)
+        if a is not None and b is not None and getattr(a, "shape", ()) == () \
+                and getattr(b, "shape", ()) == ():
+            return int(a) - int(b) if t.op.type == "Sub" else int(a) + int(b)
     if value is None and t.op.type == "StridedSlice":
         parts = [tf.get_static_value(x) for x in t.op.inputs]
         if t.op.inputs[0].op.type == "Shape" and t.op.inputs[0].op.inputs[0].shape \
@@ -140,13 +152,16 @@ class _Buffers:
     """Which buffers each tensor holds as a graph's ops run, and the bytes
     alive. A buffer is ``(key, kind)``: ``"one"`` a single tensor's,
     ``"all"`` one tensor of a loop body made anew at every iteration (its
-    size is the iterations'), ``"last"`` the last of those (inside its
-    ``"all"`` where both are held)."""
+    size is the iterations'), ``"last"`` the last of those and ``"prev"``
+    all but the last (each inside its ``"all"`` where both are held)."""
 
     def __init__(self, trips_of: dict[str, int], constant: Collection[str] = ()) -> None:
         self.size: dict[tuple[str, str], int] = {}
         #: how many allocations a buffer is (a list's elements are each one)
         self.pieces: dict[tuple[str, str], int] = {}
+        #: a list's bytes and allocations when it was made (what a loop
+        #: nested in a body hands the outer loop's lists per iteration)
+        self.made: dict[str, tuple[int, int]] = {}
         self.holds: dict[str, frozenset[tuple[str, str]]] = {}
         self.readers: dict[str, int] = {}
         self.pinned: set[str] = set()
@@ -166,9 +181,10 @@ class _Buffers:
         return held
 
     def counted(self, bufs: Collection[tuple[str, str]]) -> list[tuple[str, str]]:
-        """``bufs`` without a loop's last value where all its values are there."""
+        """``bufs`` without a loop's last value, or all values but its last,
+        where all its values are there."""
         bufs = set(bufs)
-        return [b for b in bufs if not (b[1] == "last" and (b[0], "all") in bufs)]
+        return [b for b in bufs if not (b[1] in ("last", "prev") and (b[0], "all") in bufs)]
 
     def bytes_of(self, bufs: Collection[tuple[str, str]]) -> int:
         return sum(self.size.get(b, 0) for b in self.counted(bufs))
@@ -221,6 +237,8 @@ class _Buffers:
             outs = [self._result(op, i, t) for i, t in enumerate(op.outputs)]
         for t, bufs in zip(op.outputs, outs):
             self.holds[t.name] = bufs
+            if t.dtype.name == "variant":
+                self.made[t.name] = (self.bytes_of(bufs), self.pieces_of(bufs))
         if op.type not in WHILE_OPS:
             self.reached()
         if op.type not in _SHAPE_ONLY:
@@ -310,8 +328,15 @@ class _Buffers:
             if k is not None:
                 if k in passed or k >= len(body.outputs):
                     return self._held(op.inputs[k])  # an invariant: its own buffers
-                # the previous iteration's value of a loop variable
-                return element(body.outputs[k], kind, seen)
+                # the previous iteration's value of a loop variable: the value
+                # the loop started from, then what each iteration but the
+                # last made (a nested loop pushes the outer loop's state as
+                # its first input, the buffer the outer loop pushes too)
+                made = element(body.outputs[k], kind, seen)
+                if kind != "all":
+                    return made
+                return self._held(op.inputs[k]) | frozenset(
+                    (key, "prev") if part == "all" else (key, part) for key, part in made)
             if r.op.type == "TensorListGetItem":
                 lst = _past_identities(r.op.inputs[0])
                 k = position.get(lst.name)
@@ -325,16 +350,28 @@ class _Buffers:
             if r.op.type in ("Const", "ReadVariableOp") or r.name in body_constant:
                 return frozenset()
             n = round_up(_bytes(r))  # (each iteration's its own allocation)
+            each = 1
+            if r.dtype.name == "variant":  # a list a nested loop made: its elements
+                n, each = inner.made.get(r.name, (0, 1))
             key = f"{op.name}/{r.name}"
             if kind == "all":
                 self.size[(key, "all")] = trips * n
-                self.pieces[(key, "all")] = max(1, trips)
+                self.pieces[(key, "all")] = max(1, trips * each)
+                self.size[(key, "prev")] = max(0, trips - 1) * n
+                self.pieces[(key, "prev")] = max(1, (trips - 1) * each)
                 self.size.setdefault((key, "last"), n)
                 return frozenset({(key, "all")})
             self.size[(key, "last")] = n
             return frozenset({(key, "last")})
 
         body_constant = set(_constants(body.get_operations())[1])
+        # one iteration, on its own: its temporaries (what it frees by its
+        # end), and the lists a loop nested in it makes
+        inner = _Buffers({**self.trips_of, **_trips(body.get_operations(), self.trips_of)},
+                         body_constant)
+        inner.pinned = {t.name for t in body.outputs}
+        inner.count_readers(body.get_operations())
+        inner.run(body.get_operations())
         outs: list[frozenset[tuple[str, str]]] = []
         for j, t in enumerate(op.outputs):
             if j in passed:
@@ -362,12 +399,6 @@ class _Buffers:
             elif inherited:
                 bufs |= self._held(op.inputs[j])
             outs.append(bufs)
-        # one iteration, on its own: its temporaries (what it frees by its end)
-        inner = _Buffers({**self.trips_of, **_trips(body.get_operations(), self.trips_of)},
-                         body_constant)
-        inner.pinned = {t.name for t in body.outputs}
-        inner.count_readers(body.get_operations())
-        inner.run(body.get_operations())
         first = inner.peak
         temporary = max(0, inner.peak - inner.live())
         # the previous values of the loop variables the body makes anew
