@@ -1986,6 +1986,13 @@ def mlp_gelu() -> keras.Model:
     return keras.Model(x, layers.Dense(10)(h), name="mlp_gelu")
 
 
+def _classifier(x, h, name: str) -> keras.Model:
+    """``h`` into Dense 10, compiled with sparse cross-entropy from logits."""
+    model = keras.Model(x, layers.Dense(10)(h), name=name)
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
 class _LinearScan(layers.Layer):
     """A linear state-space recurrence: ``h_t = sigmoid(a) * h_{t-1} + u_t``
     over the projected input ``u``, by ``keras.ops.scan`` over time."""
@@ -2015,9 +2022,7 @@ def ssmscan() -> keras.Model:
     h = layers.Dense(64)(x)
     for _ in range(2):
         h = layers.LayerNormalization()(h + _LinearScan()(h))
-    model = keras.Model(x, layers.Dense(10)(layers.GlobalAveragePooling1D()(h)), name="ssmscan")
-    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
+    return _classifier(x, layers.GlobalAveragePooling1D()(h), "ssmscan")
 
 
 class _Refine(layers.Layer):
@@ -2038,10 +2043,7 @@ def refine() -> keras.Model:
     """Dense 512 ReLU over 256 inputs, a ``_Refine`` layer, Dense 10 (sparse
     cross-entropy from logits)."""
     x = keras.Input((256,))
-    h = _Refine()(layers.Dense(512, activation="relu")(x))
-    model = keras.Model(x, layers.Dense(10)(h), name="refine")
-    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
+    return _classifier(x, _Refine()(layers.Dense(512, activation="relu")(x)), "refine")
 
 
 class _TanhScan(layers.Layer):
@@ -2072,9 +2074,7 @@ def rnnscan() -> keras.Model:
     """A ``_TanhScan`` of 256 units over 96 steps of 48 features, its last
     state into Dense 10 (sparse cross-entropy from logits)."""
     x = keras.Input((96, 48))
-    model = keras.Model(x, layers.Dense(10)(_TanhScan(256)(x)), name="rnnscan")
-    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
+    return _classifier(x, _TanhScan(256)(x), "rnnscan")
 
 
 class _Newton(layers.Layer):
@@ -2094,10 +2094,7 @@ def newtonsqrt() -> keras.Model:
     x = keras.Input((512,))
     h = layers.Dense(1024, activation="softplus")(x)
     h = _Newton()(layers.Lambda(lambda t: t + 1.0)(h))
-    h = layers.Dense(1024, activation="relu")(h)
-    model = keras.Model(x, layers.Dense(10)(h), name="newtonsqrt")
-    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
+    return _classifier(x, layers.Dense(1024, activation="relu")(h), "newtonsqrt")
 
 
 class _ChunkSum(layers.Layer):
@@ -2121,10 +2118,7 @@ def chunksum() -> keras.Model:
     """Dense 1024 ReLU over 256 inputs, a ``_ChunkSum`` layer, Dense 10
     (sparse cross-entropy from logits)."""
     x = keras.Input((256,))
-    h = _ChunkSum()(layers.Dense(1024, activation="relu")(x))
-    model = keras.Model(x, layers.Dense(10)(h), name="chunksum")
-    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
+    return _classifier(x, _ChunkSum()(layers.Dense(1024, activation="relu")(x)), "chunksum")
 
 
 class _TwinScan(layers.Layer):
@@ -2150,9 +2144,7 @@ def twinscan() -> keras.Model:
     Dense 10 (sparse cross-entropy from logits)."""
     x = keras.Input((96, 32))
     h = _TwinScan()(layers.Dense(64)(x))
-    model = keras.Model(x, layers.Dense(10)(layers.GlobalAveragePooling1D()(h)), name="twinscan")
-    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
+    return _classifier(x, layers.GlobalAveragePooling1D()(h), "twinscan")
 
 
 class _NestedLoops(layers.Layer):
@@ -2175,10 +2167,7 @@ def nestedloops() -> keras.Model:
     """Dense 512 over 256 inputs, a ``_NestedLoops`` layer, Dense 10 (sparse
     cross-entropy from logits)."""
     x = keras.Input((256,))
-    h = _NestedLoops()(layers.Dense(512)(x))
-    model = keras.Model(x, layers.Dense(10)(h), name="nestedloops")
-    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
+    return _classifier(x, _NestedLoops()(layers.Dense(512)(x)), "nestedloops")
 
 
 def refine_bf16() -> keras.Model:
@@ -2195,9 +2184,7 @@ def scanfirst() -> keras.Model:
     """A ``_TanhScan`` of 128 units straight on 64 x 32 inputs (no input
     gradient), its last state into Dense 10."""
     x = keras.Input((64, 32))
-    model = keras.Model(x, layers.Dense(10)(_TanhScan(128)(x)), name="scanfirst")
-    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
+    return _classifier(x, _TanhScan(128)(x), "scanfirst")
 
 
 def named(name: str) -> keras.Model:
