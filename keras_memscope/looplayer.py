@@ -8,7 +8,8 @@ gradient are ``variant`` tensors (``TensorList``s) whose bytes are their
 elements', and the gradient flows through them into a second loop. This
 module follows the layer's own ops in the order TensorFlow runs them and
 counts the buffers each tensor holds: a list holds its elements' buffers,
-a view or a list made from a tensor holds its source's, a loop's output
+a view holds its source's, a list made from a tensor a copy of its rows
+(one allocation each), a loop's output
 list holds one buffer per iteration of each tensor its body writes or
 pushes into it (read off the loop's condition, ``loop_trips``), and one
 buffer may be held by several tensors (a scan's states are both its output
@@ -53,7 +54,8 @@ _SHAPE_ONLY = {"Shape", "ShapeN", "Size", "Rank", "BroadcastGradientArgs", "Ones
 
 
 def _bytes(t: Any) -> int:
-    """A tensor's bytes; a list's or a resource's are what it holds."""
+    """A tensor's own bytes: none for a list or a resource (a list's are
+    its elements', counted as they are written into it)."""
     return 0 if t.dtype.name in ("variant", "resource") else _traced_bytes(t)
 
 
