@@ -30,6 +30,7 @@ from .tfgraph import (
     _constants,
     _past_identities,
     _slice_is_view,
+    view_root,
 )
 from .tfgraph import _bytes as _traced_bytes
 from .tfgraph import _macs as _op_macs
@@ -219,9 +220,9 @@ class _Buffers:
         """Note the bytes alive now, and ``extra`` beside them, as the peak
         where they are higher."""
         alive = self.alive() if alive is None else alive
-        if self.bytes_of(alive) + extra > self.peak:
-            self.peak = self.bytes_of(alive) + extra
-            self.at_peak = (alive, extra)
+        reached = self.bytes_of(alive) + extra
+        if reached > self.peak:
+            self.peak, self.at_peak = reached, (alive, extra)
 
     def step(self, op: Any) -> None:
         if op.type == "Placeholder":
@@ -246,10 +247,7 @@ class _Buffers:
         if op.type not in _SHAPE_ONLY:
             for t in op.inputs:
                 self.readers[t.name] = self.readers.get(t.name, 0) - 1
-        for t in op.outputs:
-            if self.readers.get(t.name, 0) <= 0 and t.name not in self.pinned:
-                self.holds.pop(t.name, None)
-        for t in op.inputs:
+        for t in (*op.outputs, *op.inputs):  # (a result nobody reads, an input read last)
             if self.readers.get(t.name, 0) <= 0 and t.name not in self.pinned:
                 self.holds.pop(t.name, None)
         if op.type in WHILE_OPS:
@@ -322,7 +320,7 @@ class _Buffers:
 
         def element(t: Any, kind: str, seen: frozenset[str]) -> frozenset[tuple[str, str]]:
             """The buffers a tensor of the body written into a list holds."""
-            r = _root(t)
+            r = view_root(t)
             if r.name in seen:
                 return frozenset()
             seen = seen | {r.name}
@@ -408,18 +406,6 @@ class _Buffers:
                        if j not in passed and op.outputs[j].dtype.name != "variant"
                        for b in bufs if b[1] == "last")
         return outs, temporary + previous, first
-
-
-def _root(t: Any) -> Any:
-    while True:
-        op = t.op
-        if op.type in {"Identity", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
-                       "Snapshot", "EnsureShape"} and op.inputs:
-            t = op.inputs[0]
-        elif op.type in ("StridedSlice", "Slice") and _slice_is_view(op):
-            t = op.inputs[0]
-        else:
-            return t
 
 
 def _writes(t: Any, start: Any) -> list[tuple[Any, str]]:

@@ -565,6 +565,21 @@ def _slice_is_view(op: Any) -> bool:
         return False
 
 
+def view_root(t: Any) -> Any:
+    """The tensor whose buffer ``t`` is a view of (past reshapes, identities
+    and slices along the first dimension); ``t`` itself where it has its own."""
+    while True:
+        op = t.op
+        if op.type in VIEW_OPS - {"ReadVariableOp", "Placeholder"} and op.inputs:
+            t = op.inputs[0]
+        elif op.type in ("StridedSlice", "Slice") and _slice_is_view(op):
+            t = op.inputs[0]
+        elif op.type == "Split" and _slice_is_view(op):
+            t = op.inputs[1]
+        else:
+            return t
+
+
 def loop_iteration_bytes(while_op: Any, read: Collection[int]) -> tuple[int, ...] | None:
     """The sizes of the new buffers one iteration of a forward ``While`` loop
     keeps for its gradient, read off the loop's body.
@@ -589,23 +604,11 @@ def loop_iteration_bytes(while_op: Any, read: Collection[int]) -> tuple[int, ...
         return None
     passed = {i for i, (a, b) in enumerate(zip(body.inputs, body.outputs)) if a is b}
 
-    def root(t: Any) -> Any:
-        while True:
-            op = t.op
-            if op.type in VIEW_OPS - {"ReadVariableOp", "Placeholder"} and op.inputs:
-                t = op.inputs[0]
-            elif op.type in ("StridedSlice", "Slice") and _slice_is_view(op):
-                t = op.inputs[0]
-            elif op.type == "Split" and _slice_is_view(op):
-                t = op.inputs[1]
-            else:
-                return t
-
     roots: dict[str, Any] = {}
     for m in sorted(read):
         op = body.outputs[m].op if m < len(body.outputs) else None
         if op is not None and op.type == "TensorListPushBack" and len(op.inputs) > 1:
-            t = root(op.inputs[1])
+            t = view_root(op.inputs[1])
             roots[t.name] = t
     position = {t.name: i for i, t in enumerate(body.inputs)}
     sizes = []
@@ -616,7 +619,7 @@ def loop_iteration_bytes(while_op: Any, read: Collection[int]) -> tuple[int, ...
         if i is not None:
             if i in passed or i >= len(body.outputs):
                 continue  # a loop invariant: one buffer for all iterations
-            if root(body.outputs[i]).name in roots:
+            if view_root(body.outputs[i]).name in roots:
                 continue  # this iteration's result, pushed by the previous one
         n = t.shape.num_elements()
         if n is None:
