@@ -98,18 +98,28 @@ def test_a_custom_loop_layer_is_estimated_from_its_graph():
 
 def test_a_custom_loop_layer_against_measurement():
     """Dense 512 ReLU, four fixed-point iterations by ``fori_loop``, Dense
-    10, batch 128 with Adam: the estimate lies within the measured steps'
-    range widened by 10% (two processes, four steps each). Its steps vary
-    (12.1-14.5 MiB at batch 256) with how far the gradient loop runs ahead."""
+    10, batch 128 with Adam. The step's peak varies with the order the two
+    gradient threads run in: the estimate simulates several orders
+    (``history_peaks``, 9.3-11.9 MiB, the estimate the highest) and the
+    measured steps vary as much (10.2-12.0 MiB on an AVX2 EPYC in four
+    processes, the highest when the gradient loop holds three of its 1 MiB
+    kernel partials at once; 10.2-10.8 MiB in two processes on another
+    machine, where no step reached the highest order). Every measured step
+    lies within the simulated range widened by 10% on either side (two
+    processes, four steps each), and the highest measured step is no more
+    than 10% above the estimate."""
     x = keras.Input((256,))
     out = keras.layers.Dense(10)(_Refine()(keras.layers.Dense(512, activation="relu")(x)))
     model = keras.Model(x, out)
     model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     est = memscope.estimate(model, 128, optimizer="adam", device="cpu", method="graph")
+    simulated = est.history_peaks or (est.peak_bytes,)
+    assert est.peak_bytes == max(simulated)
     steps = [s for _ in range(2)
              for s in memscope.measure(model, 128, optimizer="adam", steps=4,
                                        device="cpu").step_peak_bytes]
-    assert 0.9 * min(steps) <= est.peak_bytes <= 1.1 * max(steps), (est.peak_bytes, steps)
+    assert all(0.9 * min(simulated) <= s <= 1.1 * est.peak_bytes for s in steps), (
+        simulated, steps)
 
 
 def test_a_gradient_loop_may_run_ahead_of_its_sums():
