@@ -956,7 +956,9 @@ def _loop_notes(backlog: list[tuple[str, int, bool]], extra: int) -> list[str]:
         "possible_extra_bytes (fits(...).worst_case_fits)"
         for name, n, recurrent in backlog]
     notes.append(f"with every loop's backlog held, the simulated peak is "
-                 f"{human_bytes(extra)} higher (possible_extra_bytes)")
+                 f"{human_bytes(extra)} higher (possible_extra_bytes)" if extra else
+                 "with every loop's backlog held, the simulated peak is no higher than the "
+                 "estimate: the step reaches its peak elsewhere (possible_extra_bytes is 0)")
     return notes
 
 

@@ -126,14 +126,17 @@ def synthetic_batch(model: Any, batch_size: int, *, loss: Any = None,
 
 def run_steps(model: Any, batch_size: int, *, optimizer: Any, loss: Any, steps: int,
               device: str, input_shape: Any = None,
-              around_step: Callable[[Callable[[], Any]], Any] | None = None
-              ) -> dict[str, Any]:
+              around_step: Callable[[Callable[[], Any]], Any] | None = None,
+              read_memory: bool = True) -> dict[str, Any]:
     """Compile ``model``, train it on one synthetic batch, read the allocator.
 
     Runs in the current process; the caller is responsible for the allocator
     setting (see :func:`measure`). ``around_step(step)``, where given, runs
     each measured step (not the warm-up) by calling ``step()``
-    (``benchmarks/step_phases.py`` profiles each step's allocations).
+    (``benchmarks/step_phases.py`` profiles each step's allocations). With
+    ``read_memory=False`` the allocator is not read (its peaks and current
+    bytes come back as 0): a caller that wants the steps only, in a process
+    whose CPU allocator keeps no statistics.
     """
     import tensorflow as tf
 
@@ -145,15 +148,34 @@ def run_steps(model: Any, batch_size: int, *, optimizer: Any, loss: Any, steps: 
     model.train_on_batch(x, y)
     peaks, currents = [], []
     for _ in range(steps):
-        tf.config.experimental.reset_memory_stats(dev)
-        currents.append(tf.config.experimental.get_memory_info(dev)["current"])
+        if read_memory:
+            _reset_peak(dev)
+            currents.append(tf.config.experimental.get_memory_info(dev)["current"])
         if around_step is not None:
             around_step(lambda: model.train_on_batch(x, y))
         else:
             model.train_on_batch(x, y)
-        peaks.append(tf.config.experimental.get_memory_info(dev)["peak"])
+        if read_memory:
+            peaks.append(tf.config.experimental.get_memory_info(dev)["peak"])
+    if not read_memory:
+        peaks, currents = [0] * steps, [0]
     return {"step_peak_bytes": peaks, "persistent_bytes": min(currents),
             "rss_peak_bytes": peak_rss_bytes()}
+
+
+def _reset_peak(dev: str) -> None:
+    """``reset_memory_stats``, with what to do where the allocator keeps no
+    statistics (a CPU's default allocator without the BFC one)."""
+    import tensorflow as tf
+
+    try:
+        tf.config.experimental.reset_memory_stats(dev)
+    except ValueError as exc:
+        raise RuntimeError(
+            f"the allocator of {dev} keeps no memory statistics in this process ({exc}); "
+            f"on the CPU set {ENV_BFC}=true before TensorFlow is imported, or call "
+            "memscope.measure without in_process=True (it measures in a fresh process "
+            "with the BFC allocator on)") from None
 
 
 def _worker_main() -> None:
