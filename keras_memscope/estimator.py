@@ -174,7 +174,7 @@ def lower(graph: ModelGraph, ruleset: RuleSet, method: str = "rules",
                         # no rule: the layer's own graph, its loops and lists sized
                         try:
                             prims = traced_prims(call, xla_buffers=xla_buffers,
-                                                 loop_layer=True)
+                                                 loop_layer=True, upcast=upcast_dtypes)
                             rule_names.append("graph (loop layer)")
                         except Exception as inner:
                             logger.info("%s: %s", call.name, inner)

@@ -25,9 +25,11 @@ from typing import Any
 
 from .ir import Prim, prim
 from .tfgraph import (
+    _MATMUL_OPS,
     FORWARDING_GRAD_OPS,
     FORWARDING_OPS,
     _constants,
+    _elements,
     _past_identities,
     _slice_is_view,
     view_root,
@@ -158,7 +160,8 @@ class _Buffers:
     size is the iterations'), ``"last"`` the last of those and ``"prev"``
     all but the last (each inside its ``"all"`` where both are held)."""
 
-    def __init__(self, trips_of: dict[str, int], constant: Collection[str] = ()) -> None:
+    def __init__(self, trips_of: dict[str, int], constant: Collection[str] = (),
+                 upcast: Collection[str] = ()) -> None:
         self.size: dict[tuple[str, str], int] = {}
         #: how many allocations a buffer is (a list's elements are each one)
         self.pieces: dict[tuple[str, str], int] = {}
@@ -170,6 +173,11 @@ class _Buffers:
         self.pinned: set[str] = set()
         self.trips_of = trips_of
         self.constant = set(constant)
+        #: the types whose matrix products run on float32 copies (``matmul_upcast``)
+        self.upcast = tuple(upcast)
+        #: an op that grappler merges into one that ran before it -> that
+        #: op's outputs (:meth:`count_readers`)
+        self.merged: dict[str, list[str]] = {}
         self.peak = 0
         #: the buffers alive at the peak (with one loop iteration's
         #: temporaries beside them where a loop reaches it: their bytes)
@@ -206,7 +214,39 @@ class _Buffers:
 
     # -- running ops ------------------------------------------------------
     def count_readers(self, ops: Sequence[Any]) -> None:
+        """Count each tensor's readers among ``ops`` (which run in this
+        order), and find the ops grappler's ``dedup_computations`` merges
+        into an earlier one of the same type, attributes and inputs (equal
+        constants alike): such an op runs as a read of the earlier one's
+        outputs, which its own readers then read. The gradient of a reversed
+        scan's two stacked outputs, added together, makes a list of the same
+        upstream gradient twice; the allocator trace holds one (96
+        allocations of 64 KiB, not 192)."""
+        import tensorflow as tf
+
+        first: dict[tuple[Any, ...], list[str]] = {}
+        alias: dict[str, str] = {}
+
+        def ident(t: Any) -> Any:
+            if t.op.type == "Const":
+                value = tf.get_static_value(t)
+                if value is not None:
+                    return ("const", t.dtype.name, tuple(t.shape.as_list()), value.tobytes())
+            return alias.get(t.name, t.name)
+
         for op in ops:
+            if not (op.type in _NOTHING or op.type in WHILE_OPS or op.type in _BRANCHES
+                    or op.type == "Placeholder" or op._is_stateful or not op.outputs):
+                attrs = tuple(sorted((k, v.SerializeToString(deterministic=True))
+                                     for k, v in op.node_def.attr.items()))
+                key = (op.type, attrs, tuple(ident(t) for t in op.inputs))
+                if key in first:
+                    self.merged[op.name] = first[key]
+                    for t, n in zip(op.outputs, first[key]):
+                        alias[t.name] = alias.get(n, n)
+                        self.readers[n] = self.readers.get(n, 0) + 1
+                    continue
+                first[key] = [t.name for t in op.outputs]
             if op.type in _SHAPE_ONLY:
                 continue
             for t in op.inputs:
@@ -231,6 +271,16 @@ class _Buffers:
             # (what a branch holds is not followed here: the layer's rule,
             # or the fallback, costs it)
             raise NotImplementedError(f"{op.name}: a conditional")
+        if op.name in self.merged:
+            # (grappler's: this op's outputs are the earlier op's)
+            same = self.merged[op.name]
+            for t, n in zip(op.outputs, same):
+                self.holds[t.name] = self.holds.get(n, frozenset())
+                self.readers[n] = self.readers.get(n, 0) - 1
+            for n in (*(t.name for t in op.outputs), *same):
+                if self.readers.get(n, 0) <= 0 and n not in self.pinned:
+                    self.holds.pop(n, None)
+            return
         before = self.alive()
         extra = 0
         if op.type in WHILE_OPS:
@@ -243,7 +293,7 @@ class _Buffers:
             if t.dtype.name == "variant":
                 self.made[t.name] = (self.bytes_of(bufs), self.pieces_of(bufs))
         if op.type not in WHILE_OPS:
-            self.reached()
+            self.reached(self._upcast_bytes(op))
         if op.type not in _SHAPE_ONLY:
             for t in op.inputs:
                 self.readers[t.name] = self.readers.get(t.name, 0) - 1
@@ -254,6 +304,17 @@ class _Buffers:
             # the last iteration runs with the lists full and its loop
             # variables' previous values alive beside its own temporaries
             self.reached(extra)
+
+    def _upcast_bytes(self, op: Any) -> int:
+        """The float32 copies a matrix product of a type in ``upcast`` holds
+        while it runs, beside its result: its two operands and its result,
+        ``matmul_upcast``'s 4 x (|a| + |b| + |out|) (an allocator trace of a
+        bfloat16 loop body on a CPU without bfloat16 instructions: 2, 4 and 2
+        MiB after each 1 MiB product of 512 x 1024 by 1024 x 1024)."""
+        if op.type not in _MATMUL_OPS or len(op.inputs) != 2 \
+                or op.outputs[0].dtype.name not in self.upcast:
+            return 0
+        return 4 * sum(_elements(t) for t in (*op.inputs, op.outputs[0]))
 
     def _held(self, t: Any) -> frozenset[tuple[str, str]]:
         return self.holds.get(t.name, frozenset())
@@ -368,7 +429,7 @@ class _Buffers:
         # one iteration, on its own: its temporaries (what it frees by its
         # end), and the lists a loop nested in it makes
         inner = _Buffers({**self.trips_of, **_trips(body.get_operations(), self.trips_of)},
-                         body_constant)
+                         body_constant, self.upcast)
         inner.pinned = {t.name for t in body.outputs}
         inner.count_readers(body.get_operations())
         inner.run(body.get_operations())
@@ -513,7 +574,7 @@ def _macs(ops: Sequence[Any], trips: dict[str, int]) -> int:
 def loop_layer_prim(name: str, forward: Sequence[Any], backward: Sequence[Any],
                     inputs: Sequence[Any], refs: dict[str, str], outputs: Sequence[Any],
                     gradients: Sequence[Any], weights: Sequence[str],
-                    differentiable: Sequence[str]) -> list[Prim]:
+                    differentiable: Sequence[str], upcast: Collection[str] = ()) -> list[Prim]:
     """One prim for a layer call that runs loops of its own, from its graph:
     ``forward`` and ``backward`` ops in the order they run, its ``inputs``
     (placeholders, named by ``refs``), the ``weights`` it reads, its
@@ -526,7 +587,10 @@ def loop_layer_prim(name: str, forward: Sequence[Any], backward: Sequence[Any],
     forward ops reach beyond those; its backward workspace, the highest the
     gradient ops reach beyond what was held before them and the gradients
     they return; its ``backlog_parts``, what its gradient loops hold when
-    they run ahead of their sums (:func:`loop_backlog`)."""
+    they run ahead of their sums (:func:`loop_backlog`). A matrix product
+    of a type in ``upcast`` (the device computes it in float32: its
+    ``DeviceProfile.upcast_dtypes``) holds float32 copies of its operands
+    and result while it runs."""
     ops = list(forward) + list(backward)
     trips = _trips(ops, {})
     # the zeros a gradient loop starts its sums from are made at every step
@@ -534,7 +598,7 @@ def loop_layer_prim(name: str, forward: Sequence[Any], backward: Sequence[Any],
     # other constants, which grappler folds and holds between steps
     constant = set(_constants(ops)[1]) - {t.name for op in backward if op.type in WHILE_OPS
                                           for t in op.inputs}
-    sim = _Buffers(trips, constant)
+    sim = _Buffers(trips, constant, upcast)
     for i, t in enumerate(inputs):
         sim.holds[t.name] = sim.new(f"in:{i}", 0)
     out_names = [t.name for t in outputs]

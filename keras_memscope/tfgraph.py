@@ -629,7 +629,7 @@ def loop_iteration_bytes(while_op: Any, read: Collection[int]) -> tuple[int, ...
 
 
 def traced_prims(call: CallRecord, xla_buffers: bool = True,
-                 loop_layer: bool = False) -> list[Prim]:
+                 loop_layer: bool = False, upcast: Sequence[str] = ()) -> list[Prim]:
     """The prims of one layer call, from TensorFlow's graph of its forward and
     gradient (cached by the call's signature). With ``xla_buffers`` a function the
     layer has XLA compile adds the temporary buffer XLA runs it with on this
@@ -637,11 +637,13 @@ def traced_prims(call: CallRecord, xla_buffers: bool = True,
     it otherwise). A call whose forward pass runs a loop raises
     :class:`LoopLayer` (its rule schedules it), unless ``loop_layer``: then
     it is one prim made from its graph (``keras_memscope.looplayer``: for a
-    layer no rule knows)."""
+    layer no rule knows), its matrix products of the types in ``upcast``
+    holding float32 copies while they run."""
+    upcast = tuple(upcast) if loop_layer else ()
     key = (_signature(call) + ("" if xla_buffers else " (no xla)")
-           + (" (loop layer)" if loop_layer else ""))
+           + (f" (loop layer, upcast {upcast})" if loop_layer else ""))
     if key not in _CACHE:
-        _CACHE[key] = _trace(call, xla_buffers, loop_layer)
+        _CACHE[key] = _trace(call, xla_buffers, loop_layer, upcast)
     # the cached prims name weights by position; this call's names replace them
     names = {f"w#{i}": f"w:{w.name}" for i, w in enumerate(call.weights)}
     return [p.renamed(names) for p in _CACHE[key]]
@@ -652,7 +654,7 @@ _ROOT_SCOPE_START = re.compile(r"[A-Za-z0-9.]")
 
 
 def _trace(call: CallRecord, xla_buffers: bool = True,
-           loop_layer: bool = False) -> list[Prim]:
+           loop_layer: bool = False, upcast: Sequence[str] = ()) -> list[Prim]:
     import keras
     import tensorflow as tf
     from keras import tree
@@ -773,7 +775,7 @@ def _trace(call: CallRecord, xla_buffers: bool = True,
             [graph.get_tensor_by_name(n) for n in out_names][:len(call.outputs)],
             graph.outputs, list(dict.fromkeys(weights.values())),
             [refs[t.name] for t in placeholders[:n_in] if t.dtype.is_floating]
-            + trainable_refs)
+            + trainable_refs, upcast=upcast)
     if loops:
         # the rule schedules a loop, with what its iterations keep, read here:
         # for every gradient, and for the weights' alone (the runtime prunes

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import keras_memscope as memscope
-from benchmarks.zoo import _LinearScan, _Refine
+from benchmarks.zoo import _LinearScan, _Refine, _TwinScan
 from keras_memscope.looplayer import WHILE_OPS, loop_trips
 
 
@@ -35,14 +35,14 @@ def test_loop_trips_reads_the_loops_condition():
                                        (x,))[0], (2, 3))) is None
 
 
-def _loop_prim(layer, shape):
+def _loop_prim(layer, shape, upcast=()):
     from keras_memscope.graph import trace_model
     from keras_memscope.tfgraph import traced_prims
 
     model = keras.Sequential([keras.Input(shape[1:]), layer])
     calls = trace_model(model, shape[0], is_leaf=lambda op: op is layer).calls
     (call,) = [c for c in calls if c.layer is layer]
-    (p,) = traced_prims(call, loop_layer=True)
+    (p,) = traced_prims(call, loop_layer=True, upcast=upcast)
     return p
 
 
@@ -62,6 +62,43 @@ def test_a_fixed_point_loop_keeps_each_iterations_state():
     # the gradient loop: the kernel's zero sum, each iteration's partial and
     # new sum (a 128 x 128 kernel), the state's and the input's gradients
     assert p.backward_workspace_bytes > 0
+
+
+def test_a_bfloat16_loops_products_hold_float32_copies_where_upcast():
+    """Where a device computes bfloat16 matrix products in float32
+    (TensorFlow's own kernels: an AVX2 CPU), each product in the loop holds
+    float32 copies of its two operands and its result while it runs: the
+    refinement's forward product of 64 x 128 states by its 128 x 128 kernel
+    adds 4 x (64 x 128 + 128 x 128 + 64 x 128) bytes to the forward
+    workspace (within a few bytes: the peak may fall beside another
+    iteration's counter); its gradient products hold as much each, which
+    makes the gradient's highest point an iteration's (the backward
+    workspace at least the copies, higher than without them); what is
+    kept is the same."""
+    plain = _loop_prim(_Refine(dtype="mixed_bfloat16"), (64, 128))
+    upcast = _loop_prim(_Refine(dtype="mixed_bfloat16"), (64, 128), upcast=("bfloat16",))
+    copies = 4 * (64 * 128 + 128 * 128 + 64 * 128)
+    assert upcast.outputs == plain.outputs
+    assert abs(upcast.forward_workspace_bytes - plain.forward_workspace_bytes - copies) <= 256
+    assert upcast.backward_workspace_bytes > max(plain.backward_workspace_bytes, copies)
+    # float32 products are not copied
+    full, told = _loop_prim(_Refine(), (64, 128)), _loop_prim(_Refine(), (64, 128),
+                                                                upcast=("bfloat16",))
+    assert (told.forward_workspace_bytes, told.backward_workspace_bytes, told.outputs) == (
+        full.forward_workspace_bytes, full.backward_workspace_bytes, full.outputs)
+
+
+def test_grappler_merges_the_same_list_made_twice():
+    """A reversed scan's two stacked outputs added together: the gradient
+    makes a list of the same upstream gradient for each stack, two ops of
+    one type, attributes and (equal) inputs, which grappler merges into one
+    (an allocator trace at batch 256 over 96 steps of 64 features: one list
+    of 96 allocations of 64 KiB, where two were counted; the estimate went
+    from +15.2% to +1.0% of the highest measured step). The gradient holds
+    one list beside the upstream gradient it copies, not two."""
+    p = _loop_prim(_TwinScan(), (8, 16, 32))
+    one_list = 16 * 8 * 32 * 4
+    assert one_list <= p.backward_workspace_bytes < 2 * one_list
 
 
 def test_a_scan_keeps_its_states_and_its_input_lists_zeros():
