@@ -311,6 +311,15 @@ def measure_config(model: str, batch: int, opt: str, processes: int,
     return {"runs": runs, "runner": runner}
 
 
+def failure(exc: BaseException) -> str:
+    """The line of a failed measurement that says why (TensorFlow's message,
+    without the traceback's file lines and the op's name)."""
+    lines = [line.strip() for line in str(exc).splitlines()]
+    lines = [line for line in lines if line and not line.startswith(("[[", "File ", "^"))
+             and line != "measurement process failed:"]
+    return lines[-1] if lines else str(exc)
+
+
 def naive_bytes(est) -> int:
     """The folklore formula: weights + gradients + optimizer state + the batch
     + every layer's output, as if all were alive at once."""
@@ -385,18 +394,26 @@ def main(argv: list[str] | None = None) -> int:
     path = machine.cache_file(CACHE_STEM, here)  # this kind of machine's measurements
     cache = json.loads(path.read_text()) if path.exists() else {}
     print(f"machine: {machine.describe(here)}", flush=True)
-    rows = []
+    rows: list[dict] = []
+    failed: list[str] = []
     for model, batch, opt in configs:
         key = _key(model, batch, opt)
         entry = cache.get(key, {})
         if (args.remeasure or entry.get("versions") != versions
                 or entry.get("machine") != here):
             print(f"measuring {key} ...", file=sys.stderr, flush=True)
-            cache[key] = {**measure_config(model, batch, opt, args.processes,
-                                           "forked" if args.forked else "started"),
-                          "versions": versions, "machine": here}
+            try:
+                taken = measure_config(model, batch, opt, args.processes,
+                                       "forked" if args.forked else "started")
+            except RuntimeError as exc:  # it does not train here: say why, go on
+                taken = {"runs": [], "failed": failure(exc)}
+            cache[key] = {**taken, "versions": versions, "machine": here}
             path.parent.mkdir(exist_ok=True)
             path.write_text(json.dumps(cache, indent=1, sort_keys=True))
+        if cache[key].get("failed"):
+            failed.append(f"{key} ({cache[key]['failed']})")
+            print(f"{key}: does not train on this machine: {cache[key]['failed']}", flush=True)
+            continue
         runs = cache[key]["runs"]
         maxima = [max(r["step_peak_bytes"]) for r in runs]
         spread = max((max(r["step_peak_bytes"]) - min(r["step_peak_bytes"]))
@@ -420,6 +437,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(_format_row(row, args.methods), flush=True)
     print()
+    if failed:
+        print(f"{len(failed)} configuration(s) do not train on this machine, left out: "
+              + "; ".join(failed) + "\n")
     for method in args.methods:
         print(summary(rows, method))
     if args.json:

@@ -647,6 +647,10 @@ def estimate(
                              result.layer_workspace_bytes, flops, timed)
     if method == "graph" and profile.kind == "cpu":
         notes += _grouped_convolution_notes(graph, records)
+    untrainable = _channels_first_note(graph) if profile.kind == "cpu" else None
+    if untrainable:
+        notes.append(untrainable)
+        warnings.warn(untrainable, stacklevel=3)
     if profile.kind == "gpu":
         notes.append(_xla_note(model))
     elif _compiled_with_xla(model):
@@ -779,6 +783,40 @@ def _grouped_convolution_notes(graph: ModelGraph, records: Sequence[LayerRecord]
             "Keras runs them with XLA on the CPU, whose filter gradient is a dense "
             f"kernel x kernel x channels x channels convolution ({human_bytes(largest)} "
             "of workspace at the most); DepthwiseConv2D computes the same without it"]
+
+
+def _channels_first_note(graph: ModelGraph) -> str | None:
+    """What to do where a 1-D or 2-D convolution (or its transpose) computes
+    in ``channels_first`` and TensorFlow runs its own kernels for its type
+    on this CPU (:func:`~keras_memscope.devices.cpu_onednn_runs`): their
+    gradients support NHWC only, and ``fit`` fails in its first step
+    ("Conv2DCustomBackpropFilterOp only supports NHWC", the input
+    gradient's alike, on an AVX2 CPU; Conv3D, depthwise and separable
+    convolutions and pooling train). A frozen one fails where a gradient
+    flows through it: one after a trainable layer."""
+    import keras
+
+    kinds = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv1DTranspose,
+             keras.layers.Conv2DTranspose)
+    found, trained_before = [], False
+    for call in graph.calls:
+        layer = call.layer
+        trainable = bool(getattr(layer, "trainable_weights", None)) and getattr(
+            layer, "trainable", False)
+        if (isinstance(layer, kinds) and getattr(layer, "data_format", "") == "channels_first"
+                and (trainable or trained_before)
+                and not devices.cpu_onednn_runs(str(getattr(layer, "compute_dtype",
+                                                             "float32")))):
+            found.append(call.name)
+        trained_before = trained_before or trainable
+    if not found:
+        return None
+    more = f" and {len(found) - 1} more" if len(found) > 1 else ""
+    return (f"{found[0]}{more} computes a convolution in channels_first, and on this CPU "
+            "TensorFlow runs its own kernels for it (not oneDNN's), whose gradients support "
+            "NHWC only: training fails in its first step (\"Conv2DCustomBackpropFilterOp only "
+            "supports NHWC\"). Build the convolutions with data_format=\"channels_last\" to "
+            "train on this CPU; the estimate is of the step as it would run")
 
 
 def _ordering_seconds(seconds: Callable[..., Any], profile: devices.DeviceProfile,

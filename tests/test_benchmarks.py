@@ -273,3 +273,17 @@ def test_gpu_check_runs_its_code_path_on_the_cpu(tmp_path, capsys):
     assert row["error"] == pytest.approx(row["estimate"] / max(row["measured_steps"]) - 1)
     assert abs(row["error"]) <= 0.15, row  # the zoo MLP b32 SGD: -3.0% in benchmarks.accuracy
     assert "median |error|" in capsys.readouterr().out
+
+
+def test_a_configuration_that_does_not_train_is_reported_with_its_reason():
+    """A measurement that fails (a channels_first Conv2D on a CPU whose own
+    kernels compute its gradients in NHWC only) is reported by the line
+    that says why, not the traceback."""
+    from benchmarks.accuracy import failure
+
+    exc = RuntimeError(
+        "measurement process failed:\n\n  File \"/x/trainer.py\", line 81, in train_step\n\n"
+        "Conv2DCustomBackpropInputOp only supports NHWC.\n"
+        "\t [[{{node gradient_tape/channelsfirst_1/conv2d_2_1/convolution/"
+        "Conv2DBackpropInput}}]] [Op:__inference_one_step_on_data_348]")
+    assert failure(exc) == "Conv2DCustomBackpropInputOp only supports NHWC."

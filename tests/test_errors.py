@@ -157,3 +157,29 @@ def test_accumulation_needs_an_optimizer_that_accumulates():
         keras.optimizers.SGD(), {".*/kernel": keras.optimizers.Adam()}))
     with pytest.raises(ValueError, match="MultiOptimizer takes no gradient_accumulation_steps"):
         memscope.whatif(seed_mlp(), 8, optimizer=multi, accumulation_steps=2, device="cpu")
+
+
+def _channels_first_cnn(first_trainable: bool = True) -> keras.Model:
+    x = keras.Input((3, 16, 16))
+    conv = keras.layers.Conv2D(4, 3, data_format="channels_first", trainable=first_trainable)
+    h = keras.layers.GlobalAveragePooling2D(data_format="channels_first")(conv(x))
+    return keras.Model(x, keras.layers.Dense(2)(h))
+
+
+def test_channels_first_convolutions_that_cannot_train_on_this_cpu_are_named(monkeypatch):
+    """Where TensorFlow runs its own kernels for a type (an AVX2 CPU without
+    oneDNN: its Conv2D gradients fail with "only supports NHWC"), a trainable
+    channels_first convolution is named, in a note and a warning, with the
+    fix; where oneDNN's kernels run it, nothing is said; a frozen first
+    convolution (no gradient flows through it) trains on either."""
+    from keras_memscope import devices
+
+    monkeypatch.setattr(devices, "cpu_onednn_runs", lambda dtype="float32": False)
+    with pytest.warns(UserWarning, match='data_format="channels_last"'):
+        est = memscope.estimate(_channels_first_cnn(), 4, optimizer="sgd", device="cpu")
+    assert any("only supports NHWC" in n for n in est.notes)
+    frozen = memscope.estimate(_channels_first_cnn(False), 4, optimizer="sgd", device="cpu")
+    assert not any("NHWC" in n for n in frozen.notes)
+    monkeypatch.setattr(devices, "cpu_onednn_runs", lambda dtype="float32": True)
+    assert not any("NHWC" in n for n in memscope.estimate(
+        _channels_first_cnn(), 4, optimizer="sgd", device="cpu").notes)
