@@ -208,6 +208,13 @@ def with_upcast(p: Prim, dtypes: Sequence[str], accumulate: Sequence[str] = (),
                                accumulate_workspace=())
 
 
+def upcast_bytes(a_elements: int, b_elements: int, out_elements: int) -> int:
+    """The float32 copies a matmul of a lower-precision type holds while it
+    runs where the device computes it in float32: its two operands and its
+    result."""
+    return 4 * (a_elements + b_elements + out_elements)
+
+
 def matmul_upcast(dtype: str, a: tuple[str, int], b: tuple[str, int],
                   out_elements: int, fused_bias: bool = False) -> dict[str, object]:
     """The ``compute_dtype``, ``upcast_workspace`` and ``accumulate_workspace``
@@ -226,7 +233,7 @@ def matmul_upcast(dtype: str, a: tuple[str, int], b: tuple[str, int],
     under 0.3 MiB (not modelled)."""
     if dtype not in ("float16", "bfloat16"):
         return {}
-    total = 4 * (a[1] + b[1] + out_elements)
+    total = upcast_bytes(a[1], b[1], out_elements)
     accumulate = ((("", 4 * out_elements),) if fused_bias else ()) + ((b[0], 4 * b[1]),)
     return {"compute_dtype": dtype,
             "upcast_workspace": (("", total), (a[0], total), (b[0], total)),

@@ -20,10 +20,10 @@ reaches in each beyond that, make one prim (:func:`loop_layer_prim`).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
-from .ir import Prim, prim
+from .ir import Prim, prim, upcast_bytes
 from .tfgraph import (
     _MATMUL_OPS,
     FORWARDING_GRAD_OPS,
@@ -243,7 +243,7 @@ class _Buffers:
                 if key in first:
                     self.merged[op.name] = first[key]
                     for t, n in zip(op.outputs, first[key]):
-                        alias[t.name] = alias.get(n, n)
+                        alias[t.name] = n  # (an op merged into is never merged itself)
                         self.readers[n] = self.readers.get(n, 0) + 1
                     continue
                 first[key] = [t.name for t in op.outputs]
@@ -277,9 +277,7 @@ class _Buffers:
             for t, n in zip(op.outputs, same):
                 self.holds[t.name] = self.holds.get(n, frozenset())
                 self.readers[n] = self.readers.get(n, 0) - 1
-            for n in (*(t.name for t in op.outputs), *same):
-                if self.readers.get(n, 0) <= 0 and n not in self.pinned:
-                    self.holds.pop(n, None)
+            self._let_go((*(t.name for t in op.outputs), *same))
             return
         before = self.alive()
         extra = 0
@@ -297,24 +295,30 @@ class _Buffers:
         if op.type not in _SHAPE_ONLY:
             for t in op.inputs:
                 self.readers[t.name] = self.readers.get(t.name, 0) - 1
-        for t in (*op.outputs, *op.inputs):  # (a result nobody reads, an input read last)
-            if self.readers.get(t.name, 0) <= 0 and t.name not in self.pinned:
-                self.holds.pop(t.name, None)
+        # (a result nobody reads, an input read last)
+        self._let_go(t.name for t in (*op.outputs, *op.inputs))
         if op.type in WHILE_OPS:
             # the last iteration runs with the lists full and its loop
             # variables' previous values alive beside its own temporaries
             self.reached(extra)
 
+    def _let_go(self, names: Iterable[str]) -> None:
+        """Drop what the tensors ``names`` hold where nobody reads them any
+        more and they are not pinned."""
+        for n in names:
+            if self.readers.get(n, 0) <= 0 and n not in self.pinned:
+                self.holds.pop(n, None)
+
     def _upcast_bytes(self, op: Any) -> int:
         """The float32 copies a matrix product of a type in ``upcast`` holds
-        while it runs, beside its result: its two operands and its result,
-        ``matmul_upcast``'s 4 x (|a| + |b| + |out|) (an allocator trace of a
-        bfloat16 loop body on a CPU without bfloat16 instructions: 2, 4 and 2
-        MiB after each 1 MiB product of 512 x 1024 by 1024 x 1024)."""
+        while it runs, beside its result (``ir.upcast_bytes``; an allocator
+        trace of a bfloat16 loop body on a CPU without bfloat16 instructions:
+        2, 4 and 2 MiB after each 1 MiB product of 512 x 1024 by 1024 x
+        1024)."""
         if op.type not in _MATMUL_OPS or len(op.inputs) != 2 \
                 or op.outputs[0].dtype.name not in self.upcast:
             return 0
-        return 4 * sum(_elements(t) for t in (*op.inputs, op.outputs[0]))
+        return upcast_bytes(*(_elements(t) for t in (*op.inputs, op.outputs[0])))
 
     def _held(self, t: Any) -> frozenset[tuple[str, str]]:
         return self.holds.get(t.name, frozenset())
