@@ -370,20 +370,27 @@ def test_gradient_accumulators_between_steps():
 
 def test_highest_order_of_the_gradient_threads_against_measurement():
     """The CPU's two gradient threads interleave as op times fall, and one
-    gated MLP step at batch 8 (Adam) peaks at one of two levels: 144.4 or
-    160.5 MiB in measured steps, both in each of three processes; 144.5-160.6
-    across the eleven simulated orders. The estimate, the highest order, is
-    what has to fit; the nominal order alone gives the lower level."""
+    gated MLP step at batch 8 (Adam) peaks at one of two levels: with one
+    Dense kernel's 16 MiB gradient waiting for its update or two. The
+    eleven simulated orders reach both (144.5 and 160.5 MiB). Which the
+    real steps reach depends on the machine: both, in each of three
+    processes, on an AMD EPYC running oneDNN's kernels; only the lower, in
+    all twelve steps of two processes, on an AMD EPYC with AVX2 only and
+    TensorFlow's own kernels. So every measured step must sit at one of
+    the simulated orders' levels, and the estimate is the highest of them:
+    what has to fit, never below a measured step."""
     assert Gated  # the measuring process imports tests.models
     model = gated_mlp()
     runs = [memscope.measure(model, 8, optimizer="adam", steps=6, device="cpu")
             for _ in range(2)]
-    worst = max(r.peak_bytes for r in runs)
     est = memscope.estimate(model, 8, optimizer="adam", device="cpu")
     assert est.peak_bytes == max(est.history_peaks)
-    assert abs(est.peak_bytes / worst - 1) <= 0.05, (est.history_peaks,
-                                                     [r.step_peak_bytes for r in runs])
     assert min(est.history_peaks) < 0.95 * est.peak_bytes  # the orders differ here
+    steps = [s for r in runs for s in r.step_peak_bytes]
+    for s in steps:
+        nearest = min(est.history_peaks, key=lambda h: abs(h - s))
+        assert abs(s / nearest - 1) <= 0.02, (s, est.history_peaks)
+    assert max(steps) <= 1.02 * est.peak_bytes, (steps, est.peak_bytes)
 
 
 def test_accumulation_against_measurement():
