@@ -377,6 +377,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="rules, graph, naive (the folklore formula)")
     parser.add_argument("--json", type=Path, help="write the table as JSON here")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    parser.add_argument("--machine", metavar="TAG",
+                        help="compare with the measurements cached on another kind of machine "
+                             "(benchmarks/results/measured_cpu-TAG.json) and measure nothing; "
+                             "the estimates are this process's, so its kernels must be that "
+                             "machine's (TF_ENABLE_ONEDNN_OPTS=1 or 0 for oneDNN's or "
+                             "TensorFlow's own)")
     args = parser.parse_args(argv)
 
     import keras
@@ -392,15 +398,30 @@ def main(argv: list[str] | None = None) -> int:
     versions = {"tensorflow": tf.__version__, "keras": keras.__version__}
     here = machine.facts()
     path = machine.cache_file(CACHE_STEM, here)  # this kind of machine's measurements
+    if args.machine:
+        path = machine.RESULTS / f"{CACHE_STEM}-{args.machine}.json"
+        kernels = "onednn" if here["onednn"] else "tf"
+        if not path.exists():
+            parser.error(f"no measurements cached for machine {args.machine!r} ({path})")
+        if not args.machine.startswith(f"{kernels}-") or not args.machine.endswith(
+                f"-{here['threads']}t"):
+            parser.error(f"this process runs {kernels} kernels on {here['threads']} threads, "
+                         f"so its estimates are not {args.machine!r}'s: set "
+                         "TF_ENABLE_ONEDNN_OPTS to that machine's kernels")
     cache = json.loads(path.read_text()) if path.exists() else {}
-    print(f"machine: {machine.describe(here)}", flush=True)
+    where = f"on {args.machine}" if args.machine else "on this machine"
+    print(f"machine: {machine.describe(here)}"
+          + (f"; measurements cached on {args.machine}" if args.machine else ""), flush=True)
     rows: list[dict] = []
     failed: list[str] = []
     for model, batch, opt in configs:
         key = _key(model, batch, opt)
         entry = cache.get(key, {})
-        if (args.remeasure or entry.get("versions") != versions
-                or entry.get("machine") != here):
+        if args.machine and not entry:
+            failed.append(f"{key} (not measured on {args.machine})")
+            continue
+        if not args.machine and (args.remeasure or entry.get("versions") != versions
+                                 or entry.get("machine") != here):
             print(f"measuring {key} ...", file=sys.stderr, flush=True)
             try:
                 taken = measure_config(model, batch, opt, args.processes,
@@ -412,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
             path.write_text(json.dumps(cache, indent=1, sort_keys=True))
         if cache[key].get("failed"):
             failed.append(f"{key} ({cache[key]['failed']})")
-            print(f"{key}: does not train on this machine: {cache[key]['failed']}", flush=True)
+            print(f"{key}: does not train {where}: {cache[key]['failed']}", flush=True)
             continue
         runs = cache[key]["runs"]
         maxima = [max(r["step_peak_bytes"]) for r in runs]
@@ -438,8 +459,8 @@ def main(argv: list[str] | None = None) -> int:
         print(_format_row(row, args.methods), flush=True)
     print()
     if failed:
-        print(f"{len(failed)} configuration(s) do not train on this machine, left out: "
-              + "; ".join(failed) + "\n")
+        print(f"{len(failed)} configuration(s) left out (not measured, or not training "
+              f"{where}): " + "; ".join(failed) + "\n")
     for method in args.methods:
         print(summary(rows, method))
     if args.json:
