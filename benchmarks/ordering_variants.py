@@ -68,7 +68,10 @@ place:
 * ``saved-inputs-donate``: an element-wise prim without weights writes an
   input gradient into a tensor it saved for its gradient when nothing else
   reads that tensor any more, where the output gradient's buffer is taken
-  (``keras_memscope.schedule.SAVED_INPUTS_DONATE``).
+  (``keras_memscope.schedule.SAVED_INPUTS_DONATE``);
+* ``products-side-by-side``: a matrix product of two activations computes
+  its second input gradient on the second thread, holding what it reads
+  till it ends (``keras_memscope.schedule.PRODUCT_GRADIENTS_SIDE_BY_SIDE``).
 """
 
 from __future__ import annotations
@@ -84,7 +87,7 @@ from typing import Any
 VARIANTS = ("first-chunk", "matmul-shapes", "onednn-speeds", "ratio", "add-pass-through",
             "read-together", "update-busy", "onednn-conv-ratios", "weight-gradient-first",
             "timed-copies", "six-steps", "updates-take-time", "saved-inputs-donate",
-            "per-prim-workspace")
+            "per-prim-workspace", "products-side-by-side")
 #: the kernels ``weight-gradient-first`` starts first
 FIRST_KERNELS = frozenset({"conv", "conv_transpose", "matmul"})
 #: the variants that set a switch of ``keras_memscope.schedule``: its name and value
@@ -95,6 +98,7 @@ SCHEDULE_SWITCHES: dict[str, tuple[str, Any]] = {
     "update-busy": ("UPDATES_HOLD_THE_THREAD", True),
     "read-together": ("SIDE_BY_SIDE_GRADIENTS", True),
     "saved-inputs-donate": ("SAVED_INPUTS_DONATE", True),
+    "products-side-by-side": ("PRODUCT_GRADIENTS_SIDE_BY_SIDE", True),
 }
 
 G = 1e9

@@ -286,6 +286,28 @@ UPDATES_HOLD_THE_THREAD = False
 #: weight-gradient-first``) and not adopted: benchmarks/RESULTS.md, "Weight
 #: copies, the weight gradient first and six simulated steps".
 WEIGHT_GRADIENT_FIRST: frozenset[str] = frozenset()
+#: Whether a matrix product of two activations (attention's ``scores =
+#: q k^T`` and ``probs v``) computes its two input gradients side by side,
+#: the second on the CPU's second thread as a weight gradient is: both
+#: products become ready together when the output gradient is written, the
+#: executor runs one and queues the other, and the next op on the chain
+#: starts when its own product ends, while the other still reads what it
+#: reads. An allocator trace of a 256-position attention (``axialattn``,
+#: b32): when ``probs v``'s gradient for ``v`` ends after the one for
+#: ``probs``, the softmax's gradient cannot write into ``probs`` (still
+#: read) and a 32 MiB tensor more is alive at the step's peak (137.2-137.3
+#: MiB in three measured steps, against 108.1 in the warm-up step, where
+#: it ended first). The one whose input comes first in
+#: the forward pass (its gradient is needed last) runs on the second
+#: thread. False: both run at once on the first. Tried (``benchmarks.
+#: ordering_variants --variants products-side-by-side``) and not adopted:
+#: on TensorFlow's own kernels the product for ``v`` reads ``probs``
+#: transposed and takes 2-3 times as long as the other (``python -m
+#: benchmarks.matmul_forms``), which the nominal speeds do not know, so
+#: the attention models it is for stay where they were while others move
+#: (benchmarks/RESULTS.md, "Two activations' product: its gradients side
+#: by side").
+PRODUCT_GRADIENTS_SIDE_BY_SIDE = False
 #: Whether the simulated times decide which updates write their weight into
 #: a copy (those whose gradient and update end before the last input
 #: gradient reading the weight). False: every such update copies. Tried
@@ -732,8 +754,14 @@ def simulate(
     cast_flats = {id(f) for f in flats if f.outs and f.outs[0] in cast_weight}
     weight_side = {**weight_of, **{t: weight_of[w] for t, w in cast_weight.items()}}
     costs = _costs(flats, tensor_bytes, weight_side, set(region_of))
-    times = ([backward_time(c) for c in costs]
-             if backward_time is not None and weight_grad_lag > 0 else None)
+    two_threads = backward_time is not None and weight_grad_lag > 0
+    second_thread = (_second_products(flats, weight_side)
+                     if two_threads and PRODUCT_GRADIENTS_SIDE_BY_SIDE else {})
+    # (the second product's time is the second stream's; the costs reported
+    # keep a weight gradient's FLOPs apart from an activation's)
+    times = ([backward_time(c) for c in (
+        _costs(flats, tensor_bytes, weight_side, set(region_of), second_thread)
+        if second_thread else costs)] if two_threads else None)
     # a recomputed prim runs again on the input-gradient stream
     recompute_times = ([forward_time(c) if c.recomputed else 0.0 for c in costs]
                        if times and forward_time is not None else None)
@@ -1385,10 +1413,22 @@ def simulate(
                 continue  # (a weight's cast: its gradient is the weight job's)
             op, p = f.op, f.prim
             advance(clock)
+            if second_thread:
+                # its output's gradient is still being computed on the second
+                # thread (a product's other gradient): the chain waits for it
+                pending = [j for j in jobs if any(t in f.outs for t in j.weights)]
+                while any(j.left > 0 for j in pending):
+                    clock = share(0.0, keep_waiting=sum(j.left > 0 for j in jobs) - 1)
+                    advance(clock)
+                    pending = [j for j in pending if j in jobs]
+                for j in pending:
+                    jobs.remove(j)
+                    end_job(j)
             update_busy[1] = clock
             out_grads = [grad_of.pop(t) for t in f.outs if t in grad_of]
-            xts = [t for t in f.input_grads if t not in weight_side]
-            wts = [t for t in f.input_grads if t in weight_side]
+            on_second = second_thread.get(i_flat)
+            xts = [t for t in f.input_grads if t not in weight_side and t != on_second]
+            wts = [t for t in f.input_grads if t in weight_side or t == on_second]
             t_in, t_w = times[i_flat] if times else (0.0, 0.0)
             first_job, ended_first = None, False
             if (times and wts and xts and costs[i_flat].kernel in WEIGHT_GRADIENT_FIRST
@@ -1623,8 +1663,27 @@ def simulate(
     )
 
 
+def _second_products(flats: list[_Flat], weight_side: Collection[int]) -> dict[int, int]:
+    """For each matrix product of two activations that both want a gradient
+    (by its index in ``flats``), the input whose gradient runs on the second
+    thread (:data:`PRODUCT_GRADIENTS_SIDE_BY_SIDE`): the one made first in
+    the forward pass, whose gradient the backward pass needs last."""
+    made_at = {t: i for i, f in enumerate(flats) for t in f.outs}
+    out = {}
+    for i, f in enumerate(flats):
+        grads = list(dict.fromkeys(f.input_grads))
+        if (f.needs_backward and f.prim.kernel == "matmul" and f.prim.macs and len(grads) == 2
+                and not any(t in weight_side for t in grads)):
+            out[i] = min(grads, key=lambda t: made_at.get(t, -1))
+    return out
+
+
 def _costs(flats: list[_Flat], tensor_bytes: dict[int, int],
-           weight_of: dict[int, int], recomputed: set[int] = frozenset()) -> list[PrimCost]:
+           weight_of: dict[int, int], recomputed: set[int] = frozenset(),
+           second_thread: dict[int, int] | None = None) -> list[PrimCost]:
+    """Each flat prim's FLOPs and bytes; the gradients of ``weight_of``'s
+    tensors (and of ``second_thread``'s, by prim) are the second stream's."""
+    second_thread = second_thread or {}
     out = []
     for i, f in enumerate(flats):
         p = f.prim
@@ -1641,7 +1700,7 @@ def _costs(flats: list[_Flat], tensor_bytes: dict[int, int],
         bwd_allocs: tuple[int, ...] = ()
         if f.needs_backward:
             for t in f.input_grads:
-                if t in weight_of:
+                if t in weight_of or second_thread.get(i) == t:
                     bwd_w += per_grad
                 else:
                     bwd_in += per_grad

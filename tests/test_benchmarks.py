@@ -196,6 +196,35 @@ def test_ordering_variants_change_the_model_and_put_it_back():
     assert not schedule.WEIGHT_GRADIENT_FIRST and not schedule.TIMED_COPIES
     assert not schedule.UPDATES_TAKE_TIME
     assert devices.get_device("cpu").simulated_steps == 1
+    with variants(["products-side-by-side"]):
+        assert schedule.PRODUCT_GRADIENTS_SIDE_BY_SIDE
+    assert not schedule.PRODUCT_GRADIENTS_SIDE_BY_SIDE
+
+
+def test_accuracy_against_another_machines_measurements(capsys):
+    """``--machine TAG`` compares this process's estimates with the
+    measurements cached on another kind of machine and measures nothing;
+    its kernels must be that machine's."""
+    from benchmarks import accuracy, machine
+
+    here = machine.facts()
+    kernels = "onednn" if here["onednn"] else "tf"
+    tags = [p.name[len("measured_cpu-"):-len(".json")]
+            for p in sorted(machine.RESULTS.glob("measured_cpu-*.json"))]
+    other = next(t for t in tags if not t.startswith(kernels + "-"))
+    with pytest.raises(SystemExit):
+        accuracy.main(["--machine", other, "--only", "mlp", "--methods", "graph"])
+    assert "set TF_ENABLE_ONEDNN_OPTS" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        accuracy.main(["--machine", "nowhere-l2-1k-2t", "--methods", "graph"])
+    assert "no measurements cached" in capsys.readouterr().err
+    same = [t for t in tags if t.startswith(kernels + "-") and t.endswith(f"-{here['threads']}t")]
+    if not same:
+        pytest.skip("no other machine of this one's kernels and threads was measured")
+    assert accuracy.main(["--machine", same[0], "--only", "mlp", "--methods", "graph"]) == 0
+    out = capsys.readouterr().out
+    assert f"measurements cached on {same[0]}" in out
+    assert out.count("measured") >= 2 and "measuring" not in out
 
 
 def test_weight_copies_counts_each_steps_copies(monkeypatch):

@@ -1316,3 +1316,60 @@ def test_a_transpose_only_matrix_products_read_is_folded_into_them():
         made = kept()
     tfgraph._CACHE.clear()
     assert made - folded == 8 * 32 * 16 * 4, (made, folded)
+
+
+@keras.saving.register_keras_serializable(package="memscope_tests")
+class Attend(keras.layers.Layer):
+    """``exp(s - max(s)) v`` with ``s = q q^T``: a product of two
+    activations (``probs v``) whose gradient for ``probs`` the exponential's
+    gradient reads next, then the subtraction's (a new ``-dz`` of the
+    scores' size, as a softmax written with ``logsumexp`` makes)."""
+
+    def call(self, q, v):
+        from keras import ops
+
+        s = ops.matmul(q, ops.transpose(q, (0, 2, 1)))
+        return ops.matmul(ops.exp(s - ops.max(s, axis=-1, keepdims=True)), v)
+
+
+def test_a_product_of_two_activations_holds_its_inputs_till_its_second_gradient_ends(
+        monkeypatch):
+    """Both gradient products of ``probs v`` become ready together; the
+    second (for ``v``, made first in the forward pass) runs on the CPU's
+    second thread and holds what it reads until it ends: ``probs`` (64 x
+    256 x 256 float32, 16 MiB) and 0.5 MiB tensors (the output gradient,
+    its own result). When it outlasts the first product and the exponential's
+    gradient, all three are alive where the subtraction's gradient runs;
+    when it ends first, none. (An allocator trace of a 256-position
+    attention, ``axialattn`` b32, 32 MiB probabilities: 137.2-137.3 MiB
+    at the softmax's subtraction gradient in three steps where the product
+    for ``v`` ended last, 108.1 at most in one where it ended first.) Under ``schedule.PRODUCT_GRADIENTS_SIDE_BY_SIDE``
+    only: tried, not adopted (the nominal speeds make the two products
+    equal, where TensorFlow's own kernels take 2-3 times as long for ``v``)."""
+    from keras_memscope import devices, schedule, timing
+
+    inputs = keras.Input((256, 8))
+    q, v = layers.Dense(8)(inputs), layers.Dense(8)(inputs)
+    model = keras.Model(inputs, layers.Dense(2)(Attend()(q, v)))
+    probs, small = 64 * 256 * 256 * 4, 64 * 256 * 8 * 4
+    product = 2 * 64 * 256 * 256 * 8  # FLOPs of one gradient product of probs v
+    cpu = dataclasses.replace(devices.get_device("cpu"), order_histories=0, simulated_steps=1)
+
+    def at_the_subtraction(second_seconds: float) -> int:
+        def seconds(c, *rest):
+            if c.kernel == "matmul" and c.backward_weight_flops == product:
+                return 1e-3, second_seconds  # (the product for probs, the one for v)
+            return (1e-4, 1e-6) if c.backward_input_flops else (0.0, 0.0)
+        monkeypatch.setattr(timing, "backward_seconds", seconds)
+        est = memscope.estimate(model, 64, optimizer="sgd", device=cpu, method="graph")
+        return next(p.live_bytes for p in est.timeline if p.phase == "backward"
+                    and p.layer.startswith("attend") and p.event == "Sub")
+
+    # tried, not adopted (schedule.PRODUCT_GRADIENTS_SIDE_BY_SIDE)
+    monkeypatch.setattr(schedule, "PRODUCT_GRADIENTS_SIDE_BY_SIDE", True)
+    held = at_the_subtraction(1.0) - at_the_subtraction(1e-4)
+    assert probs + small <= held < probs + 3 * small, held
+    # by default both on the first thread, one after the other: the times
+    # do not matter
+    monkeypatch.setattr(schedule, "PRODUCT_GRADIENTS_SIDE_BY_SIDE", False)
+    assert at_the_subtraction(1.0) == at_the_subtraction(1e-4)
