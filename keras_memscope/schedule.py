@@ -302,8 +302,9 @@ WEIGHT_GRADIENT_FIRST: frozenset[str] = frozenset()
 #: thread. False: both run at once on the first. Tried (``benchmarks.
 #: ordering_variants --variants products-side-by-side``) and not adopted:
 #: on TensorFlow's own kernels the product for ``v`` reads ``probs``
-#: transposed and takes 2-3 times as long as the other (``python -m
-#: benchmarks.matmul_forms``), which the nominal speeds do not know, so
+#: transposed and takes 4-6 times as long as the other alone (``python -m
+#: benchmarks.matmul_forms``), 2-4 times in the training step's profile,
+#: which the nominal speeds (one time for both) do not know, so
 #: the attention models it is for stay where they were while others move
 #: (benchmarks/RESULTS.md, "Two activations' product: its gradients side
 #: by side").

@@ -1343,9 +1343,10 @@ def test_a_product_of_two_activations_holds_its_inputs_till_its_second_gradient_
     when it ends first, none. (An allocator trace of a 256-position
     attention, ``axialattn`` b32, 32 MiB probabilities: 137.2-137.3 MiB
     at the softmax's subtraction gradient in three steps where the product
-    for ``v`` ended last, 108.1 at most in one where it ended first.) Under ``schedule.PRODUCT_GRADIENTS_SIDE_BY_SIDE``
-    only: tried, not adopted (the nominal speeds make the two products
-    equal, where TensorFlow's own kernels take 2-3 times as long for ``v``)."""
+    for ``v`` ended last, 108.1 at most in one where it ended first.)
+    Under ``schedule.PRODUCT_GRADIENTS_SIDE_BY_SIDE`` only: tried, not
+    adopted (the nominal speeds make the two products equal, where
+    TensorFlow's own kernels take 2-6 times as long for ``v``)."""
     from keras_memscope import devices, schedule, timing
 
     inputs = keras.Input((256, 8))
