@@ -370,15 +370,16 @@ def test_gradient_accumulators_between_steps():
 
 def test_highest_order_of_the_gradient_threads_against_measurement():
     """The CPU's two gradient threads interleave as op times fall, and one
-    gated MLP step at batch 8 (Adam) peaks at one of two levels: with one
-    Dense kernel's 16 MiB gradient waiting for its update or two. The
-    eleven simulated orders reach both (144.5 and 160.5 MiB). Which the
-    real steps reach depends on the machine: both, in each of three
-    processes, on an AMD EPYC running oneDNN's kernels; only the lower, in
-    all twelve steps of two processes, on an AMD EPYC with AVX2 only and
-    TensorFlow's own kernels. So every measured step must sit at one of
-    the simulated orders' levels, and the estimate is the highest of them:
-    what has to fit, never below a measured step."""
+    gated MLP step at batch 8 (Adam) peaks at one of a few levels 16 MiB
+    apart (one Dense kernel's gradient more or less waiting for its
+    update). The eleven simulated orders reach two: 144.5 and 160.5 MiB.
+    Which the real steps reach depends on the machine and the run: both, in
+    each of three processes, on an AMD EPYC running oneDNN's kernels; on
+    an AMD EPYC with AVX2 only and TensorFlow's own kernels 144.4 in most
+    steps, 160.4 in one of 18 steps of three processes and in none of 12 of
+    two, and once 128.7 (a level no simulated order has). So the highest
+    measured step must be one of the simulated orders' levels, and none
+    above the estimate, the highest of them: what has to fit."""
     assert Gated  # the measuring process imports tests.models
     model = gated_mlp()
     runs = [memscope.measure(model, 8, optimizer="adam", steps=6, device="cpu")
@@ -387,10 +388,10 @@ def test_highest_order_of_the_gradient_threads_against_measurement():
     assert est.peak_bytes == max(est.history_peaks)
     assert min(est.history_peaks) < 0.95 * est.peak_bytes  # the orders differ here
     steps = [s for r in runs for s in r.step_peak_bytes]
-    for s in steps:
-        nearest = min(est.history_peaks, key=lambda h: abs(h - s))
-        assert abs(s / nearest - 1) <= 0.02, (s, est.history_peaks)
-    assert max(steps) <= 1.02 * est.peak_bytes, (steps, est.peak_bytes)
+    highest = max(steps)
+    nearest = min(est.history_peaks, key=lambda h: abs(h - highest))
+    assert abs(highest / nearest - 1) <= 0.02, (steps, est.history_peaks)
+    assert highest <= 1.02 * est.peak_bytes, (steps, est.peak_bytes)
 
 
 def test_accumulation_against_measurement():
