@@ -400,12 +400,12 @@ def main(argv: list[str] | None = None) -> int:
     path = machine.cache_file(CACHE_STEM, here)  # this kind of machine's measurements
     if args.machine:
         path = machine.RESULTS / f"{CACHE_STEM}-{args.machine}.json"
-        kernels = "onednn" if here["onednn"] else "tf"
         if not path.exists():
             parser.error(f"no measurements cached for machine {args.machine!r} ({path})")
-        if not args.machine.startswith(f"{kernels}-") or not args.machine.endswith(
-                f"-{here['threads']}t"):
-            parser.error(f"this process runs {kernels} kernels on {here['threads']} threads, "
+        # (kernels first and threads last in a tag; the L2 may differ)
+        ours, theirs = machine.tag(here).split("-"), args.machine.split("-")
+        if (ours[0], ours[-1]) != (theirs[0], theirs[-1]):
+            parser.error(f"this process runs {ours[0]} kernels on {here['threads']} threads, "
                          f"so its estimates are not {args.machine!r}'s: set "
                          "TF_ENABLE_ONEDNN_OPTS to that machine's kernels")
     cache = json.loads(path.read_text()) if path.exists() else {}

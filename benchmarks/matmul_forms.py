@@ -43,21 +43,19 @@ def main(argv: list[str] | None = None) -> int:
     probs = tf.random.uniform((n, m, m))
     thin = tf.random.uniform((n, m, d))
     flops = 2 * n * m * m * d
+    product_bytes = 4 * (n * m * m + 2 * n * m * d)  # read and written
+    # name: (the form, its FLOPs (0: element-wise), the bytes it moves)
     forms = {
-        "probs @ v (forward)": lambda: tf.linalg.matmul(probs, thin),
-        "probs^T @ dout (gradient for v)": lambda: tf.linalg.matmul(probs, thin, adjoint_a=True),
-        "dout @ v^T (gradient for probs)": lambda: tf.linalg.matmul(thin, thin, adjoint_b=True),
-        "probs * probs (element-wise)": lambda: probs * probs,
-    }
-    moved = {  # bytes read and written
-        "probs @ v (forward)": 4 * (n * m * m + 2 * n * m * d),
-        "probs^T @ dout (gradient for v)": 4 * (n * m * m + 2 * n * m * d),
-        "dout @ v^T (gradient for probs)": 4 * (n * m * m + 2 * n * m * d),
-        "probs * probs (element-wise)": 4 * 3 * n * m * m,
+        "probs @ v (forward)": (lambda: tf.linalg.matmul(probs, thin), flops, product_bytes),
+        "probs^T @ dout (gradient for v)": (
+            lambda: tf.linalg.matmul(probs, thin, adjoint_a=True), flops, product_bytes),
+        "dout @ v^T (gradient for probs)": (
+            lambda: tf.linalg.matmul(thin, thin, adjoint_b=True), flops, product_bytes),
+        "probs * probs (element-wise)": (lambda: probs * probs, 0, 4 * 3 * n * m * m),
     }
     nominal = timing.ordering_profile(devices.get_device("cpu"))
     rows = []
-    for name, form in forms.items():
+    for name, (form, form_flops, moved) in forms.items():
         # (a slice of the result back: the product's own time, not a copy)
         run = tf.function(lambda form=form: tf.reduce_sum(form()[..., :1]))
         run()
@@ -66,9 +64,8 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             run().numpy()
             seconds.append(time.perf_counter() - start)
-        elementwise = "element" in name
-        model = timing.op_time(0 if elementwise else flops, moved[name], nominal,
-                               family="" if elementwise else "matmul", min_dim=d)
+        model = timing.op_time(form_flops, moved, nominal,
+                               family="matmul" if form_flops else "", min_dim=d)
         rows.append([name, f"{1e3 * statistics.median(seconds):.2f}",
                      f"{1e3 * min(seconds):.2f}", f"{1e3 * model:.2f}"])
     print(f"{n} matrices, {m} x {m} by {m} x {d} ({flops / 1e6:.0f} MFLOP a product); "

@@ -208,7 +208,7 @@ def test_accuracy_against_another_machines_measurements(capsys):
     from benchmarks import accuracy, machine
 
     here = machine.facts()
-    kernels = "onednn" if here["onednn"] else "tf"
+    kernels = machine.tag(here).split("-")[0]
     tags = [p.name[len("measured_cpu-"):-len(".json")]
             for p in sorted(machine.RESULTS.glob("measured_cpu-*.json"))]
     other = next(t for t in tags if not t.startswith(kernels + "-"))
