@@ -302,7 +302,7 @@ WEIGHT_GRADIENT_FIRST: frozenset[str] = frozenset()
 #: thread. False: both run at once on the first. Tried (``benchmarks.
 #: ordering_variants --variants products-side-by-side``) and not adopted:
 #: on TensorFlow's own kernels the product for ``v`` reads ``probs``
-#: transposed and takes 4-6 times as long as the other alone (``python -m
+#: transposed and takes 3-6 times as long as the other alone (``python -m
 #: benchmarks.matmul_forms``), 2-4 times in the training step's profile,
 #: which the nominal speeds (one time for both) do not know, so
 #: the attention models it is for stay where they were while others move
