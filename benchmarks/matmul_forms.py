@@ -2,15 +2,20 @@
 
 Attention's ``probs v`` (128 matrices of 256 x 256 by 256 x 8 at batch 32,
 4 heads) has two gradient products of the same FLOPs: ``dprobs = dout
-v^T``, an outer product of rank 8 that writes 32 MiB, and ``dv = probs^T
-dout``, which reads the 32 MiB ``probs`` transposed. Which ends first
-decides whether ``probs`` is still alive when the softmax's gradient
-allocates (``keras_memscope.schedule.PRODUCT_GRADIENTS_SIDE_BY_SIDE``).
-This times each form alone (``tf.function``, the BFC allocator, the
-median of ``--repeats`` calls after one warm-up) beside an element-wise
-product of the same 32 MiB, and gives the time the nominal speeds that
-order the CPU's two gradient threads assign it
-(``keras_memscope.timing.NOMINAL_CPU_SPEEDS``; the same for every form).
+v^T``, an outer product of rank 8 that writes 32 MiB, and ``dv``, which
+reads the 32 MiB ``probs``. Which ends first decides whether ``probs`` is
+still alive when the softmax's gradient allocates
+(``keras_memscope.schedule.PRODUCT_GRADIENTS_SIDE_BY_SIDE``). This times
+each form alone (``tf.function``, the BFC allocator, the median of
+``--repeats`` calls after one warm-up): the forward product, the same
+product reading ``probs`` transposed (``adjoint_a``: TensorFlow's own
+kernels read a transposed operand more slowly), the gradient for
+``probs``, the gradient for ``v`` as Keras' attention computes it (an
+Einsum that reads ``probs`` as stored), and an element-wise product of the
+same 32 MiB; beside each, the time the nominal speeds that order the CPU's
+two gradient threads assign it (``keras_memscope.timing.ordering_profile``:
+one speed for every matrix product, and where TensorFlow runs its own
+kernels, ``NOMINAL_TRANSPOSED_READ_BYTES_S`` for what it reads transposed).
 
     python -m benchmarks.matmul_forms [--batch 128] [--repeats 15]
 """
@@ -28,11 +33,13 @@ os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=128, help="matrices (batch x heads)")
+    parser.add_argument("--batch", type=int, default=128,
+                        help="matrices (batch x 4 heads)")
     parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args(argv)
-    if args.batch < 1 or args.repeats < 1:
-        parser.error("--batch and --repeats must be at least 1")
+    if args.batch < 4 or args.batch % 4 or args.repeats < 1:
+        parser.error("--batch must be a positive multiple of 4 (batch x 4 heads), "
+                     "--repeats at least 1")
 
     import tensorflow as tf
     from tabulate import tabulate
@@ -43,19 +50,32 @@ def main(argv: list[str] | None = None) -> int:
     probs = tf.random.uniform((n, m, m))
     thin = tf.random.uniform((n, m, d))
     flops = 2 * n * m * m * d
-    product_bytes = 4 * (n * m * m + 2 * n * m * d)  # read and written
-    # name: (the form, its FLOPs (0: element-wise), the bytes it moves)
+    heads = 4
+    big, small = 4 * n * m * m, 4 * n * m * d  # probs, and v or dout
+    product_bytes = big + 2 * small  # read and written
+    probs4 = tf.reshape(probs, (n // heads, heads, m, m))  # (batch, heads, query, key)
+    thin4 = tf.reshape(thin, (n // heads, m, heads, d))  # (batch, key, heads, depth)
+    # name: (the form, its FLOPs (0: element-wise), the bytes it moves, the
+    # bytes it reads transposed, the bytes of its operands)
     forms = {
-        "probs @ v (forward)": (lambda: tf.linalg.matmul(probs, thin), flops, product_bytes),
-        "probs^T @ dout (gradient for v)": (
-            lambda: tf.linalg.matmul(probs, thin, adjoint_a=True), flops, product_bytes),
+        "probs @ v (forward)": (lambda: tf.linalg.matmul(probs, thin), flops, product_bytes,
+                                0, big + small),
+        "probs^T @ dout": (lambda: tf.linalg.matmul(probs, thin, adjoint_a=True),
+                           flops, product_bytes, big, big + small),
         "dout @ v^T (gradient for probs)": (
-            lambda: tf.linalg.matmul(thin, thin, adjoint_b=True), flops, product_bytes),
-        "probs * probs (element-wise)": (lambda: probs * probs, 0, 4 * 3 * n * m * m),
+            lambda: tf.linalg.matmul(thin, thin, adjoint_b=True), flops, product_bytes,
+            small, 2 * small),
+        # Keras' attention: its gradient for v, as TensorFlow's einsum
+        # gradient writes it (probs read as stored: tfgraph.einsum_transposed_reads)
+        "einsum abcd,acbe->aecd (gradient for v)": (
+            lambda: tf.einsum("abcd,acbe->aecd", thin4, probs4), flops, product_bytes,
+            0, big + small),
+        "probs * probs (element-wise)": (lambda: probs * probs, 0, 3 * big, 0, 0),
     }
     nominal = timing.ordering_profile(devices.get_device("cpu"))
+    across = nominal.rates.get("transposed_read")
     rows = []
-    for name, (form, form_flops, moved) in forms.items():
+    for name, (form, form_flops, moved, transposed, reads) in forms.items():
         # (a slice of the result back: the product's own time, not a copy)
         run = tf.function(lambda form=form: tf.reduce_sum(form()[..., :1]))
         run()
@@ -66,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
             seconds.append(time.perf_counter() - start)
         model = timing.op_time(form_flops, moved, nominal,
                                family="matmul" if form_flops else "", min_dim=d)
+        if form_flops:  # as timing.backward_seconds times a product's gradient
+            across_s = transposed / across if across else 0.0
+            reading = nominal.rates.get("gemm_read")
+            model += across_s
+            if reading:  # (TensorFlow's own kernels)
+                model = max(model, reads / reading + across_s)
         rows.append([name, f"{1e3 * statistics.median(seconds):.2f}",
                      f"{1e3 * min(seconds):.2f}", f"{1e3 * model:.2f}"])
     print(f"{n} matrices, {m} x {m} by {m} x {d} ({flops / 1e6:.0f} MFLOP a product); "

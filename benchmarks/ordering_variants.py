@@ -71,7 +71,9 @@ place:
   (``keras_memscope.schedule.SAVED_INPUTS_DONATE``);
 * ``products-side-by-side``: a matrix product of two activations computes
   its second input gradient on the second thread, holding what it reads
-  till it ends (``keras_memscope.schedule.PRODUCT_GRADIENTS_SIDE_BY_SIDE``).
+  till it ends, on every CPU (``keras_memscope.schedule.
+  PRODUCT_GRADIENTS_SIDE_BY_SIDE``; adopted where TensorFlow runs its own
+  kernels, whose products' speeds the ordering speeds have).
 """
 
 from __future__ import annotations

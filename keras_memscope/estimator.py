@@ -603,6 +603,7 @@ def estimate(
         update_time=lambda nbytes, key: _update_seconds(
             updater.get(key, state), timing.ordering_profile(profile), nbytes),
         steps=profile.simulated_steps if profile.weight_grad_lag > 0 else 1,
+        products_timed="gemm_read" in timing.ordering_profile(profile).rates,
     )
     nominal = step(ops)
     result, history_peaks = nominal, ()

@@ -111,6 +111,17 @@ class Prim:
             buffer of its own (a ``tf.custom_gradient`` function whose
             gradient returns the upstream gradient as it came: a
             straight-through estimator, Keras' float8 quantize-dequantize).
+        transposed_reads: ``(input, bytes)`` pairs: the bytes the kernel of
+            the gradient with respect to that input reads transposed (a
+            batched product's ``adj_x`` or ``adj_y`` operand, as its
+            gradient op in the traced step has it), which TensorFlow's own
+            CPU kernels read about half as fast (``timing.op_time``'s
+            ``transposed_read`` rate; ``benchmarks/matmul_forms.py``).
+        operand_reads: ``(input, bytes)`` pairs: the bytes of its operands
+            the kernel of the gradient with respect to that input reads (a
+            product of two activations: the output gradient and the other
+            operand), for ``timing``'s ``gemm_read`` rate where a profile
+            has one.
         hoisted: a gradient op that runs with the forward pass, as TensorFlow's
             executor runs it once the forward tensors it reads exist (GELU's
             ``Square``; ``tfgraph._hoist``): not part of a forward pass run
@@ -151,6 +162,8 @@ class Prim:
     sparse_grad: tuple[str, ...] = ()
     grad_passes: tuple[str, ...] = ()
     hoisted: bool = False
+    transposed_reads: tuple[tuple[str, int], ...] = ()
+    operand_reads: tuple[tuple[str, int], ...] = ()
 
     def grad_inputs(self) -> tuple[str, ...]:
         return self.inputs if self.differentiable is None else self.differentiable
@@ -173,6 +186,8 @@ class Prim:
             workspace_for=tuple((r(k), v) for k, v in self.workspace_for),
             output_pieces=tuple((r(k), v) for k, v in self.output_pieces),
             upcast_workspace=tuple((r(k) if k else k, v) for k, v in self.upcast_workspace),
+            transposed_reads=tuple((r(k), v) for k, v in self.transposed_reads),
+            operand_reads=tuple((r(k), v) for k, v in self.operand_reads),
             accumulate_workspace=tuple((r(k) if k else k, v)
                                        for k, v in self.accumulate_workspace),
             sparse_grad=tuple(map(r, self.sparse_grad)),
@@ -251,7 +266,8 @@ def prim(
                 "sparse_grad", "grad_passes"):
         if key in kwargs:
             kwargs[key] = tuple(kwargs[key])  # type: ignore[arg-type]
-    for key in ("workspace_for", "output_pieces", "always_grads"):  # (reference, count) pairs
+    for key in ("workspace_for", "output_pieces", "always_grads",
+                "transposed_reads", "operand_reads"):  # (reference, count) pairs
         if key in kwargs:
             given = kwargs[key]
             items = given.items() if isinstance(given, dict) else given  # type: ignore[union-attr]

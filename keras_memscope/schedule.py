@@ -90,6 +90,13 @@ class PrimCost:
     backward_allocs: tuple[int, ...] = ()
     #: a convolution's output channels (0 for other prims)
     out_channels: int = 0
+    #: the bytes its input and weight gradients' kernels read transposed
+    #: (``Prim.transposed_reads``)
+    backward_input_transposed: int = 0
+    backward_weight_transposed: int = 0
+    #: the bytes of their operands those kernels read (``Prim.operand_reads``)
+    backward_input_reads: int = 0
+    backward_weight_reads: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,18 +304,21 @@ WEIGHT_GRADIENT_FIRST: frozenset[str] = frozenset()
 #: ``probs``, the softmax's gradient cannot write into ``probs`` (still
 #: read) and a 32 MiB tensor more is alive at the step's peak (137.2-137.3
 #: MiB in three measured steps, against 108.1 in the warm-up step, where
-#: it ended first). The one whose input comes first in
-#: the forward pass (its gradient is needed last) runs on the second
-#: thread. False: both run at once on the first. Tried (``benchmarks.
-#: ordering_variants --variants products-side-by-side``) and not adopted:
-#: on TensorFlow's own kernels the product for ``v`` reads ``probs``
-#: transposed and takes 3-6 times as long as the other alone (``python -m
-#: benchmarks.matmul_forms``), 2-4 times in the training step's profile,
-#: which the nominal speeds (one time for both) do not know, so
-#: the attention models it is for stay where they were while others move
-#: (benchmarks/RESULTS.md, "Two activations' product: its gradients side
-#: by side").
-PRODUCT_GRADIENTS_SIDE_BY_SIDE = False
+#: it ended first). The one whose input comes first in the forward pass
+#: (its gradient is needed last) runs on the second thread. Which ends
+#: first is a matter of the two products' own speeds: on TensorFlow's own
+#: kernels the gradient for ``v`` reads the 32 MiB ``probs`` and takes about
+#: twice as long as the one for ``probs``, which writes 32 MiB
+#: (``benchmarks.matmul_forms``: 8.9-11.2 against 4.3-5.7 ms), what the
+#: ordering speeds' ``gemm_read`` rate gives them. None (the default): side
+#: by side where the speeds that order the two threads have that rate
+#: (``timing.ordering_profile``: TensorFlow's own CPU kernels), one after the
+#: other on the first thread elsewhere (oneDNN's kernels, where the two
+#: products take about one time, 2.9-4.6 ms, and side by side was tried and
+#: not adopted: benchmarks/RESULTS.md, "Two activations' product: its
+#: gradients side by side"); True or False: always, never (``benchmarks.
+#: ordering_variants --variants products-side-by-side`` sets True).
+PRODUCT_GRADIENTS_SIDE_BY_SIDE: bool | None = None
 #: Whether the simulated times decide which updates write their weight into
 #: a copy (those whose gradient and update end before the last input
 #: gradient reading the weight). False: every such update copies. Tried
@@ -537,6 +547,7 @@ def simulate(
     final_update_workspace: Callable[[int, int], int] | None = None,
     update_time: Callable[[int, int], float] | None = None,
     steps: int = 1,
+    products_timed: bool = False,
 ) -> StepResult:
     """Simulate a warm-up step and ``steps`` measured ones, of which the
     highest is kept; see the module docstring.
@@ -601,7 +612,10 @@ def simulate(
     busy starts at once and its input gradient waits for the first of the
     two to end where :data:`WEIGHT_GRADIENT_FIRST` names its kernel (by
     default none). Without ``backward_time``, each job ends
-    ``weight_grad_lag`` gradient ops later.
+    ``weight_grad_lag`` gradient ops later. ``products_timed``: the times
+    give a product of two activations' two gradients their own speeds,
+    and (:data:`PRODUCT_GRADIENTS_SIDE_BY_SIDE` None) the second runs on the
+    second stream.
 
     A weight's update writes into a copy of it when an input gradient still
     reads its value (``dx = g @ W^T``): the copy becomes the variable's
@@ -756,8 +770,10 @@ def simulate(
     weight_side = {**weight_of, **{t: weight_of[w] for t, w in cast_weight.items()}}
     costs = _costs(flats, tensor_bytes, weight_side, set(region_of))
     two_threads = backward_time is not None and weight_grad_lag > 0
+    side_by_side = (products_timed if PRODUCT_GRADIENTS_SIDE_BY_SIDE is None
+                    else PRODUCT_GRADIENTS_SIDE_BY_SIDE)
     second_thread = (_second_products(flats, weight_side)
-                     if two_threads and PRODUCT_GRADIENTS_SIDE_BY_SIDE else {})
+                     if two_threads and side_by_side else {})
     # (the second product's time is the second stream's; the costs reported
     # keep a weight gradient's FLOPs apart from an activation's)
     times = ([backward_time(c) for c in (
@@ -1697,21 +1713,30 @@ def _costs(flats: list[_Flat], tensor_bytes: dict[int, int],
         fwd_bytes = int(p.passes * (sum(tensor_bytes.get(t, 0) for t in f.ins) + out_bytes))
         per_grad = 2 * p.macs if p.macs else (p.flops or elements)
         bwd_in = bwd_w = bwd_bytes = 0
+        transposed = [0, 0]  # (input, weight) streams
+        reads = [0, 0]
         fwd_allocs = () if p.inplace else tuple(b for _, b in p.outputs)
         bwd_allocs: tuple[int, ...] = ()
         if f.needs_backward:
+            local_of = dict(zip(p.inputs, f.ins))
+            reads_transposed = {local_of[ref]: n for ref, n in p.transposed_reads
+                                if ref in local_of}
+            operand_reads = {local_of[ref]: n for ref, n in p.operand_reads if ref in local_of}
             for t in f.input_grads:
-                if t in weight_of or second_thread.get(i) == t:
+                second = t in weight_of or second_thread.get(i) == t
+                if second:
                     bwd_w += per_grad
                 else:
                     bwd_in += per_grad
+                transposed[second] += reads_transposed.get(t, 0)
+                reads[second] += operand_reads.get(t, 0)
             bwd_bytes = int(p.passes * (out_bytes + sum(tensor_bytes.get(t, 0) for t in f.saved)
                                         + sum(tensor_bytes.get(t, 0) for t in f.input_grads)))
             bwd_allocs = tuple(tensor_bytes.get(t, 0) for t in f.input_grads
                                if t in weight_of or not p.grad_inplace)
         out.append(PrimCost(f.op.index, fwd, fwd_bytes, bwd_in, bwd_w, bwd_bytes, p.macs,
                             p.kernel, p.gemm_min_dim, i in recomputed, fwd_allocs, bwd_allocs,
-                            p.out_channels))
+                            p.out_channels, *transposed, *reads))
     return out
 
 

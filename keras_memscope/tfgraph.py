@@ -282,6 +282,36 @@ def _contraction(op: Any) -> int:
     return int(a[-2] if transpose else a[-1])
 
 
+def _einsum_labels(equation: str, operand_count: int
+                   ) -> tuple[list[str], str, dict[str, int], dict[str, int]] | None:
+    """An Einsum equation's operands, output, each label's first position
+    and its type as ``EinsumOp`` sorts them (batch 1, free 2, contracted 3,
+    summed out 4); None where it has broadcasting ellipses or more than two
+    operands (not modelled)."""
+    lhs, out = equation.replace(" ", "").split("->")
+    operands = lhs.split(",")
+    if "." in equation or len(operands) != operand_count or len(operands) > 2:
+        return None
+    ids: dict[str, int] = {}
+    for ch in "".join(operands) + out:
+        ids.setdefault(ch, len(ids))
+    # (kBroadcasting 0 unused here)
+    kind: dict[str, int] = {}
+    for ch in ids:
+        removed = ch not in out
+        unique = len(operands) == 1 or any(ch not in o for o in operands)
+        kind[ch] = (4 if unique else 3) if removed else (2 if unique else 1)
+    return operands, out, ids, kind
+
+
+def _swaps_free_and_contract(labels: str, kind: dict[str, int], ids: dict[str, int]) -> bool:
+    """Whether ``EinsumOp`` reads an operand ordered batch, contracted, free
+    as it is, with the product's adjoint flag, rather than transposing it
+    (``ShouldSwapFreeAndContract``)."""
+    swapped = {ch: ({2: 3, 3: 2}.get(kind[ch], kind[ch]), ids[ch]) for ch in labels}
+    return all(swapped[a] <= swapped[b] for a, b in zip(labels, labels[1:]))
+
+
 def einsum_workspace(equation: str, input_shapes: Sequence[Sequence[int]],
                      itemsize: int) -> int:
     """Bytes TensorFlow's Einsum kernel allocates beside its output.
@@ -295,26 +325,16 @@ def einsum_workspace(equation: str, input_shapes: Sequence[Sequence[int]],
     output wants another order (then transposed into the output). All of
     them live until the kernel returns (MultiHeadAttention's score einsum
     ``BTNH,BSNH->BNTS``: a copy of each operand)."""
-    lhs, out = equation.replace(" ", "").split("->")
-    operands = lhs.split(",")
-    if "." in equation or len(operands) != len(input_shapes) or len(operands) > 2:
-        return 0  # broadcasting ellipses: not modelled
-    ids: dict[str, int] = {}
-    for ch in "".join(operands) + out:
-        ids.setdefault(ch, len(ids))
-    # kBatch 1, kFree 2, kContract 3, kReduce 4 (kBroadcasting 0 unused here)
-    kind: dict[str, int] = {}
-    for ch in ids:
-        removed = ch not in out
-        unique = len(operands) == 1 or any(ch not in o for o in operands)
-        kind[ch] = (4 if unique else 3) if removed else (2 if unique else 1)
+    parsed = _einsum_labels(equation, len(input_shapes))
+    if parsed is None:
+        return 0
+    operands, out, ids, kind = parsed
     size = {ch: d for o, shape in zip(operands, input_shapes) for ch, d in zip(o, shape)}
     ws = 0
     free: list[str] = []
     for o, shape in zip(operands, input_shapes):
         labels = list(o)
-        swapped = {ch: ({2: 3, 3: 2}.get(kind[ch], kind[ch]), ids[ch]) for ch in labels}
-        swap = all(swapped[a] <= swapped[b] for a, b in zip(labels, labels[1:]))
+        swap = _swaps_free_and_contract(o, kind, ids)
         order = labels if swap else sorted(labels, key=lambda ch: (kind[ch], ids[ch]))
         elements = math.prod(int(d) for d in shape)
         if len(labels) >= 2 and order != labels:
@@ -329,25 +349,89 @@ def einsum_workspace(equation: str, input_shapes: Sequence[Sequence[int]],
     return ws
 
 
-def _einsum_gradient_workspaces(op: Any, backward: list[Any]) -> dict[int, int]:
-    """For a forward Einsum, the Einsum kernel workspace of the gradient with
-    respect to each operand (by position): the gradient einsum in its
-    gradient's scope that reads the other operand and has this one's shape."""
+def einsum_transposed_reads(equation: str, input_shapes: Sequence[Sequence[int]],
+                            itemsize: int) -> int:
+    """Bytes of its operands an Einsum's batched product reads transposed:
+    ``EinsumOp`` multiplies ``x @ y`` with ``adj_x`` where the first operand
+    is ordered batch, contracted, free, and with ``adj_y`` where the second
+    is not (``ContractOperands``: ``trans_y = !swap_free_and_contract[1]``)
+    and has a contracted dimension of more than one (an outer product reads
+    nothing transposed)."""
+    parsed = _einsum_labels(equation, len(input_shapes))
+    if parsed is None or len(input_shapes) != 2:
+        return 0
+    operands, _, ids, kind = parsed
+    size = {ch: d for o, shape in zip(operands, input_shapes) for ch, d in zip(o, shape)}
+    total = 0
+    for position, (o, shape) in enumerate(zip(operands, input_shapes)):
+        contracted = math.prod(size[ch] for ch in o if kind[ch] == 3)
+        free = math.prod(size[ch] for ch in o if kind[ch] == 2)
+        if contracted <= 1 or free <= 1:
+            continue  # a vector: no layout to read across
+        if _swaps_free_and_contract(o, kind, ids) == (position == 0):
+            total += math.prod(int(d) for d in shape) * itemsize
+    return total
+
+
+def _gradient_ops(op: Any, backward: list[Any], types: Collection[str]
+                  ) -> list[tuple[int, Any]]:
+    """For a forward product of two operands, the ops of ``types`` in its
+    gradient's scope that compute the gradient with respect to an operand,
+    with its position: they read the other operand and have this one's
+    shape."""
     scope = "gradient_tape/" + op.name.rsplit("/", 1)[0] + "/"
-    out: dict[int, int] = {}
+    out: list[tuple[int, Any]] = []
     if len(op.inputs) != 2:
         return out
     for b in backward:
-        if b.type != "Einsum" or not b.name.startswith(scope):
+        if b.type not in types or not b.name.startswith(scope) or not b.outputs:
             continue
         reads = {t.name for t in b.inputs}
         for i, t in enumerate(op.inputs):
             other = op.inputs[1 - i]
             if other.name in reads and tuple(b.outputs[0].shape) == tuple(t.shape):
-                out[i] = out.get(i, 0) + einsum_workspace(
-                    b.get_attr("equation").decode(),
-                    [tuple(int(d) for d in x.shape) for x in b.inputs], b.outputs[0].dtype.size)
+                out.append((i, b))
                 break
+    return out
+
+
+def _einsum_gradient_workspaces(op: Any, backward: list[Any]) -> dict[int, int]:
+    """For a forward Einsum, the Einsum kernel workspace of the gradient with
+    respect to each operand (by position)."""
+    out: dict[int, int] = {}
+    for i, b in _gradient_ops(op, backward, ("Einsum",)):
+        out[i] = out.get(i, 0) + einsum_workspace(
+            b.get_attr("equation").decode(),
+            [tuple(int(d) for d in x.shape) for x in b.inputs], b.outputs[0].dtype.size)
+    return out
+
+
+def _gradient_reads(op: Any, backward: list[Any]) -> dict[int, tuple[int, int]]:
+    """For a product of two activations, what the gradient op with respect
+    to each operand (by position) reads: the bytes of its two operands, and
+    of those the bytes it reads transposed (a batched product's ``adj_x`` /
+    ``adj_y`` operands, an Einsum's as its kernel reads them:
+    :func:`einsum_transposed_reads`). Where the shapes are not all known,
+    nothing."""
+    out: dict[int, tuple[int, int]] = {}
+    types = ("Einsum", "BatchMatMulV2", "BatchMatMulV3")
+    if op.type not in types:
+        return out
+    for i, b in _gradient_ops(op, backward, types):
+        if not all(x.shape.is_fully_defined() and x.shape.rank >= 2 for x in b.inputs):
+            continue
+        if b.type == "Einsum":
+            transposed = einsum_transposed_reads(
+                b.get_attr("equation").decode(),
+                [tuple(int(d) for d in x.shape) for x in b.inputs], b.outputs[0].dtype.size)
+        else:
+            flags = (b.get_attr("adj_x"), b.get_attr("adj_y"))
+            # (a vector, one row or column, has no layout to read across)
+            transposed = sum(_bytes(x) for x, flag in zip(b.inputs, flags)
+                             if flag and min(int(d) for d in x.shape[-2:]) > 1)
+        reads = sum(_bytes(x) for x in b.inputs)
+        before = out.get(i, (0, 0))
+        out[i] = (before[0] + reads, before[1] + transposed)
     return out
 
 
@@ -1111,6 +1195,16 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
                 r = ref.get(op.inputs[i].name)
                 if r is not None and nbytes:
                     workspace_for[r] = workspace_for.get(r, 0) + nbytes
+        transposed: dict[str, int] = {}
+        operand_reads: dict[str, int] = {}
+        if len(op.inputs) == 2 and all(not ref.get(t.name, "w#").startswith("w#")
+                                       for t in op.inputs):
+            # a product of two activations (attention's): what its gradient
+            # kernels read transposed orders the two gradients' ends
+            for i, (nbytes, across) in _gradient_reads(op, backward).items():
+                operand_reads[ref[op.inputs[i].name]] = nbytes
+                if across:
+                    transposed[ref[op.inputs[i].name]] = across
         for i, nbytes in _broadcast_gradients(op).items():
             r = ref.get(op.inputs[i].name)
             if op.type in _BROADCAST_PRODUCTS and op.inputs[1 - i].name in internal_names:
@@ -1167,7 +1261,8 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             always_grads=([(ref[t.name], _bytes(t)) for t in op.inputs
                            if t.name in ref and t.dtype.is_floating]
                           if op.name in xla_backward else []),
-            forward_workspace_bytes=fwd_ws,
+            forward_workspace_bytes=fwd_ws, transposed_reads=transposed,
+            operand_reads=operand_reads,
             role="activation" if (f"{ACTIVATION_SCOPE}/" in op.name
                                   or op.name in in_activation) else "",
             **upcast,

@@ -15,6 +15,7 @@ overhead. One multiply-accumulate (MAC) is two FLOPs.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -222,6 +223,19 @@ def backward_seconds(c: PrimCost, profile: DeviceProfile,
         t_in, t_w = (op_time(part * k, c.backward_bytes * part / bwd_flops, profile, dtype,
                              family=family, min_dim=c.gemm_min_dim) if part else 0.0
                      for part, family, k in zip(parts, families, scale))
+        transposed_rate = profile.rates.get("transposed_read")
+        if transposed_rate:
+            # reading an operand transposed: the time beyond the same product
+            # untransposed (TensorFlow's own CPU kernels)
+            t_in += c.backward_input_transposed / transposed_rate
+            t_w += c.backward_weight_transposed / transposed_rate
+        read_rate = profile.rates.get("gemm_read")
+        if read_rate:
+            # a thin product's time is its reading of its operands
+            t_in = max(t_in, c.backward_input_reads / read_rate
+                       + c.backward_input_transposed / (transposed_rate or math.inf))
+            t_w = max(t_w, c.backward_weight_reads / read_rate
+                      + c.backward_weight_transposed / (transposed_rate or math.inf))
         return t_in, t_w
     kernels = (parts[0] > 0) + (parts[1] > 0)
     total = op_time(bwd_flops, c.backward_bytes, profile, dtype, max(kernels, 1),
@@ -245,11 +259,44 @@ NOMINAL_CPU_SPEEDS: dict[str, Any] = {
 }
 
 
+#: Bytes per second at which TensorFlow's own CPU kernels (not oneDNN's)
+#: read a batched product's operand transposed, beyond reading it as
+#: stored: a thin product (64 or 128 matrices of 256 x 256 by 256 x 8)
+#: took 5.0-10.4 ms more with ``adjoint_a`` or ``adjoint_b`` on its large
+#: operand than without, 3.2-3.6 GB/s over three runs on a 2-core AMD EPYC
+#: with AVX2 (``benchmarks/matmul_forms.py``); oneDNN's kernels read it as
+#: fast either way. Added to the nominal speeds where TensorFlow runs its
+#: own kernels; ``calibrate`` measures it.
+NOMINAL_TRANSPOSED_READ_BYTES_S = 3.4e9
+#: Bytes per second at which TensorFlow's own CPU kernels read the operands
+#: of a thin batched product: attention's gradient for ``v`` (Keras'
+#: Einsum, 128 matrices of 8 x 256 by 256 x 256 at batch 32, reading the
+#: 32 MiB ``probs`` as stored) took 8.9-9.1 ms at the fastest over three
+#: runs on a 2-core AMD EPYC with AVX2, the gradient for ``probs`` (an
+#: outer product writing 32 MiB) 4.3-5.3 (``benchmarks/matmul_forms.py``):
+#: reading a product's operand runs at about half the speed of writing its
+#: result. A gradient of a product of two activations takes at least the
+#: time to read what it reads at this rate (``backward_seconds``), where
+#: TensorFlow runs its own kernels; oneDNN's took 2.9-4.6 ms for every form.
+NOMINAL_GEMM_READ_BYTES_S = 3.9e9
+
+
 def ordering_profile(profile: DeviceProfile) -> DeviceProfile:
-    """``profile`` where it has speeds, else it with :data:`NOMINAL_CPU_SPEEDS`."""
+    """``profile`` where it has speeds, else it with :data:`NOMINAL_CPU_SPEEDS`
+    (and, where TensorFlow runs its own CPU kernels,
+    :data:`NOMINAL_TRANSPOSED_READ_BYTES_S` and
+    :data:`NOMINAL_GEMM_READ_BYTES_S`). ``calibrate`` measures the first,
+    not the second: a calibrated profile runs a product's two gradients one
+    after the other (``schedule.PRODUCT_GRADIENTS_SIDE_BY_SIDE``)."""
     if has_timing(profile):
         return profile
-    return dataclasses.replace(profile, **NOMINAL_CPU_SPEEDS)
+    speeds = dict(NOMINAL_CPU_SPEEDS)
+    from .devices import cpu_uses_onednn
+
+    if profile.kind == "cpu" and not cpu_uses_onednn():
+        speeds["rates"] = {**speeds["rates"], "transposed_read": NOMINAL_TRANSPOSED_READ_BYTES_S,
+                           "gemm_read": NOMINAL_GEMM_READ_BYTES_S}
+    return dataclasses.replace(profile, **speeds)
 
 
 def update_time(variable_bytes: Sequence[int], kernels_per_variable: int,
@@ -332,6 +379,16 @@ def calibrate(device: str | DeviceProfile = "cpu", *, repeats: int = 5) -> Devic
                 2 * m * n * n / _best_time(lambda f=dx: f().numpy(), repeats))
             skinny[f"matmul_weight_grad@{m}"] = (
                 2 * m * n * n / _best_time(lambda f=dw: f().numpy(), repeats))
+        # a thin batched product reading its large operand as stored, and
+        # transposed (``adjoint_a``): TensorFlow's own kernels take longer
+        stack = tf.random.normal((64, 256, 256))
+        thin = tf.random.normal((64, 256, 8))
+        stored = tf.function(lambda: tf.matmul(stack, thin)[0, 0, 0])
+        t_stored = _best_time(lambda: stored().numpy(), repeats)
+        across = tf.function(lambda: tf.matmul(stack, thin, adjoint_a=True)[0, 0, 0])
+        t_across = _best_time(lambda: across().numpy(), repeats)
+        if t_across > 1.25 * t_stored:
+            skinny["transposed_read"] = 4 * 64 * 256 * 256 / (t_across - t_stored)
         x = tf.random.normal((16, 56, 56, 64))
         k = tf.random.normal((3, 3, 64, 64))
         conv = tf.function(lambda: tf.nn.conv2d(x, k, 1, "SAME")[0, 0, 0, 0])
@@ -452,6 +509,9 @@ def calibrate(device: str | DeviceProfile = "cpu", *, repeats: int = 5) -> Devic
                 f"{bandwidth / 1e9:.1f} GB/s ({cache_bandwidth / 1e9:.1f} GB/s within the "
                 f"{cache >> 20} MiB cache, for kernels moving up to {cached_bytes >> 20} MiB), "
                 f"{overhead * 1e6:.1f} us per op"
+                + (f", an operand read transposed adds 1 s per "
+                   f"{rates['transposed_read'] / 1e9:.1f} GB" if "transposed_read" in rates
+                   else "")
                 + "".join(f", {key.split(':')[1]} {key.split(':')[0].replace('_', ' ')} "
                           f"(a reference kernel) {rate / 1e9:.2f} GFLOP/s"
                           for key, rate in reference.items())

@@ -1344,9 +1344,9 @@ def test_a_product_of_two_activations_holds_its_inputs_till_its_second_gradient_
     attention, ``axialattn`` b32, 32 MiB probabilities: 137.2-137.3 MiB
     at the softmax's subtraction gradient in three steps where the product
     for ``v`` ended last, 108.1 at most in one where it ended first.)
-    Under ``schedule.PRODUCT_GRADIENTS_SIDE_BY_SIDE`` only: tried, not
-    adopted (the nominal speeds make the two products equal, where
-    TensorFlow's own kernels take 2-6 times as long for ``v``)."""
+    With ``schedule.PRODUCT_GRADIENTS_SIDE_BY_SIDE`` True (by default
+    where the ordering speeds time each gradient: TensorFlow's own
+    kernels)."""
     from keras_memscope import devices, schedule, timing
 
     inputs = keras.Input((256, 8))
@@ -1366,11 +1366,109 @@ def test_a_product_of_two_activations_holds_its_inputs_till_its_second_gradient_
         return next(p.live_bytes for p in est.timeline if p.phase == "backward"
                     and p.layer.startswith("attend") and p.event == "Sub")
 
-    # tried, not adopted (schedule.PRODUCT_GRADIENTS_SIDE_BY_SIDE)
     monkeypatch.setattr(schedule, "PRODUCT_GRADIENTS_SIDE_BY_SIDE", True)
     held = at_the_subtraction(1.0) - at_the_subtraction(1e-4)
     assert probs + small <= held < probs + 3 * small, held
-    # by default both on the first thread, one after the other: the times
-    # do not matter
+    # False: both on the first thread, one after the other: the times do
+    # not matter
     monkeypatch.setattr(schedule, "PRODUCT_GRADIENTS_SIDE_BY_SIDE", False)
     assert at_the_subtraction(1.0) == at_the_subtraction(1e-4)
+
+
+@pytest.mark.parametrize("equation,shapes,transposed", [
+    # attention's scores, key first (Keras' MultiHeadAttention): the key's
+    # gradient reads the scores' gradient ordered batch, contracted, free
+    # (adj_x), and the query copied into batch, free, contracted (adj_y)
+    ("acbe,abcd->aecd", [(2, 4, 64, 64), (2, 64, 4, 8)],
+     2 * 4 * 64 * 64 * 4 + 2 * 64 * 4 * 8 * 4),
+    # the query's: the scores' gradient as stored, the key copied (adj_y)
+    ("acbe,aecd->abcd", [(2, 4, 64, 64), (2, 64, 4, 8)], 2 * 64 * 4 * 8 * 4),
+    # probs v's gradient for v: probs is the second operand, ordered batch,
+    # contracted, free, as a product's right-hand side is read; the output
+    # gradient is copied into batch, free, contracted: nothing
+    ("abcd,acbe->aecd", [(2, 64, 4, 8), (2, 4, 64, 64)], 0),
+    # an outer product (no contracted dimension): nothing read across
+    ("bi,bj->bij", [(8, 64), (8, 64)], 0),
+])
+def test_the_operands_an_einsum_reads_transposed(equation, shapes, transposed):
+    """``EinsumOp`` multiplies ``x @ y`` with ``adj_x`` where the first
+    operand is ordered batch, contracted, free and with ``adj_y`` where the
+    second is not (``ContractOperands``: ``trans_y =
+    !swap_free_and_contract[1]``); TensorFlow's own CPU kernels read such an
+    operand at about half the speed (``benchmarks/matmul_forms.py``)."""
+    from keras_memscope.tfgraph import einsum_transposed_reads
+
+    assert einsum_transposed_reads(equation, shapes, 4) == transposed
+
+
+def test_a_gradient_reading_its_operand_transposed_takes_longer_on_tensorflows_kernels(
+        monkeypatch):
+    """The traced gradient ops of a product of two activations say what each
+    reads transposed (``Prim.transposed_reads``): the scores ``s =
+    einsum("bsd,btd->bts", k, q)`` (key first, as Keras' attention has it)
+    have the gradient ``einsum("bts,btd->bsd", ds, q)`` for ``k``, which
+    reads the 4 MiB ``ds`` ordered batch, contracted, free (``adj_x``), and
+    for ``q`` one that reads nothing transposed. On the speeds that order
+    the CPU's two gradient threads, where TensorFlow runs its own kernels,
+    the gradients take ``4 MiB / NOMINAL_TRANSPOSED_READ_BYTES_S`` longer;
+    with oneDNN's kernels (no such penalty), not."""
+    from keras import ops
+
+    from keras_memscope import devices, schedule, timing
+
+    class Scores(keras.layers.Layer):
+        def call(self, q, k):
+            return ops.einsum("bsd,btd->bts", k, q)
+
+    inputs = keras.Input((256, 8))
+    q, k = layers.Dense(8)(inputs), layers.Dense(8)(inputs)
+    s = Scores()(q, k)
+    model = keras.Model(inputs, layers.Dense(2)(layers.GlobalAveragePooling1D()(s)))
+    seen = []
+    real = schedule._costs
+
+    def costs(flats, *args, **kwargs):
+        out = real(flats, *args, **kwargs)
+        seen.extend(c for c in out if c.kernel == "matmul" and c.macs == 16 * 256 * 256 * 8)
+        return out
+
+    monkeypatch.setattr(schedule, "_costs", costs)
+    cpu = dataclasses.replace(devices.get_device("cpu"), order_histories=0)
+    memscope.estimate(model, 16, optimizer="sgd", device=cpu, method="graph")
+    scores = next(c for c in seen if c.backward_input_flops)
+    assert scores.backward_input_transposed == 16 * 256 * 256 * 4  # ds
+    plain = dataclasses.replace(scores, backward_input_transposed=0)
+    for onednn in (False, True):
+        monkeypatch.setattr(devices, "cpu_uses_onednn", lambda onednn=onednn: onednn)
+        profile = timing.ordering_profile(cpu)
+        extra = (timing.backward_seconds(scores, profile)[0]
+                 - timing.backward_seconds(plain, profile)[0])
+        expected = 0.0 if onednn else scores.backward_input_transposed / \
+            timing.NOMINAL_TRANSPOSED_READ_BYTES_S
+        assert extra == pytest.approx(expected)
+
+
+def test_a_products_second_gradient_runs_beside_the_first_on_tensorflows_kernels(monkeypatch):
+    """By default (``schedule.PRODUCT_GRADIENTS_SIDE_BY_SIDE`` None) the two
+    gradients of ``probs v`` run side by side where the speeds that order the
+    CPU's threads give each its own time (TensorFlow's own kernels: the one
+    for ``v`` reads the 16 MiB ``probs``, transposed here, at
+    ``NOMINAL_GEMM_READ_BYTES_S``, and outlasts the one for ``probs`` and
+    the exponential's gradient, so ``probs`` is alive at the subtraction's
+    gradient); with oneDNN's kernels one after the other, ``probs`` freed."""
+    from keras_memscope import devices, schedule
+
+    assert schedule.PRODUCT_GRADIENTS_SIDE_BY_SIDE is None
+    inputs = keras.Input((256, 8))
+    q, v = layers.Dense(8)(inputs), layers.Dense(8)(inputs)
+    model = keras.Model(inputs, layers.Dense(2)(Attend()(q, v)))
+    probs = 64 * 256 * 256 * 4
+    cpu = dataclasses.replace(devices.get_device("cpu"), order_histories=0, simulated_steps=1)
+
+    def at_the_subtraction(onednn: bool) -> int:
+        monkeypatch.setattr(devices, "cpu_uses_onednn", lambda: onednn)
+        est = memscope.estimate(model, 64, optimizer="sgd", device=cpu, method="graph")
+        return next(p.live_bytes for p in est.timeline if p.phase == "backward"
+                    and p.layer.startswith("attend") and p.event == "Sub")
+
+    assert at_the_subtraction(False) - at_the_subtraction(True) >= probs
