@@ -309,12 +309,12 @@ WEIGHT_GRADIENT_FIRST: frozenset[str] = frozenset()
 #: first is a matter of the two products' own speeds: on TensorFlow's own
 #: kernels the gradient for ``v`` reads the 32 MiB ``probs`` and takes about
 #: twice as long as the one for ``probs``, which writes 32 MiB
-#: (``benchmarks.matmul_forms``: 8.9-11.2 against 4.3-5.7 ms), what the
+#: (``benchmarks.matmul_forms``: 8.7-10.9 against 4.2-5.2 ms), what the
 #: ordering speeds' ``gemm_read`` rate gives them. None (the default): side
 #: by side where the speeds that order the two threads have that rate
 #: (``timing.ordering_profile``: TensorFlow's own CPU kernels), one after the
 #: other on the first thread elsewhere (oneDNN's kernels, where the two
-#: products take about one time, 2.9-4.6 ms, and side by side was tried and
+#: products take about one time, 2.2-4.3 ms, and side by side was tried and
 #: not adopted: benchmarks/RESULTS.md, "Two activations' product: its
 #: gradients side by side"); True or False: always, never (``benchmarks.
 #: ordering_variants --variants products-side-by-side`` sets True).

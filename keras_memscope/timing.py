@@ -271,13 +271,14 @@ NOMINAL_TRANSPOSED_READ_BYTES_S = 3.4e9
 #: Bytes per second at which TensorFlow's own CPU kernels read the operands
 #: of a thin batched product: attention's gradient for ``v`` (Keras'
 #: Einsum, 128 matrices of 8 x 256 by 256 x 256 at batch 32, reading the
-#: 32 MiB ``probs`` as stored) took 8.9-9.1 ms at the fastest over three
-#: runs on a 2-core AMD EPYC with AVX2, the gradient for ``probs`` (an
-#: outer product writing 32 MiB) 4.3-5.3 (``benchmarks/matmul_forms.py``):
+#: 32 MiB ``probs`` as stored) took 8.1-9.1 ms at the fastest in each of
+#: six runs on a 2-core AMD EPYC with AVX2 (3.8-4.3 GB/s), the gradient for
+#: ``probs`` (an outer product writing 32 MiB) 3.9-5.3 (``benchmarks/
+#: matmul_forms.py``):
 #: reading a product's operand runs at about half the speed of writing its
 #: result. A gradient of a product of two activations takes at least the
 #: time to read what it reads at this rate (``backward_seconds``), where
-#: TensorFlow runs its own kernels; oneDNN's took 2.9-4.6 ms for every form.
+#: TensorFlow runs its own kernels; oneDNN's took 2.2-4.3 ms for every form.
 NOMINAL_GEMM_READ_BYTES_S = 3.9e9
 
 
