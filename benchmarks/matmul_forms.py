@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     from tabulate import tabulate
 
     from keras_memscope import devices, timing
+    from keras_memscope.schedule import PrimCost
 
     n, m, d = args.batch, 256, 8
     probs = tf.random.uniform((n, m, m))
@@ -73,7 +74,6 @@ def main(argv: list[str] | None = None) -> int:
         "probs * probs (element-wise)": (lambda: probs * probs, 0, 3 * big, 0, 0),
     }
     nominal = timing.ordering_profile(devices.get_device("cpu"))
-    across = nominal.rates.get("transposed_read")
     rows = []
     for name, (form, form_flops, moved, transposed, reads) in forms.items():
         # (a slice of the result back: the product's own time, not a copy)
@@ -84,14 +84,12 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             run().numpy()
             seconds.append(time.perf_counter() - start)
-        model = timing.op_time(form_flops, moved, nominal,
-                               family="matmul" if form_flops else "", min_dim=d)
-        if form_flops:  # as timing.backward_seconds times a product's gradient
-            across_s = transposed / across if across else 0.0
-            reading = nominal.rates.get("gemm_read")
-            model += across_s
-            if reading:  # (TensorFlow's own kernels)
-                model = max(model, reads / reading + across_s)
+        if form_flops:  # timed as the gradient of a product of two activations
+            model = timing.backward_seconds(PrimCost(
+                0, 0, 0, form_flops, 0, moved, form_flops // 2, "matmul", d,
+                backward_input_transposed=transposed, backward_input_reads=reads), nominal)[0]
+        else:
+            model = timing.op_time(0, moved, nominal)
         rows.append([name, f"{1e3 * statistics.median(seconds):.2f}",
                      f"{1e3 * min(seconds):.2f}", f"{1e3 * model:.2f}"])
     print(f"{n} matrices, {m} x {m} by {m} x {d} ({flops / 1e6:.0f} MFLOP a product); "

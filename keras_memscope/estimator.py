@@ -572,8 +572,10 @@ def estimate(
     losses = _loss_specs(model, list(graph.outputs), method == "graph")
     # each variable's update is its optimizer's (a MultiOptimizer's differ)
     updater = {w.key: state.for_variable(w.path) for w in graph.variables}
-    backward_time = _ordering_seconds(timing.backward_seconds, profile, call_dtypes)
-    forward_time = _ordering_seconds(timing.forward_seconds, profile, call_dtypes)
+    # the speeds that order the CPU's two threads (nominal where uncalibrated)
+    ordering = timing.ordering_profile(profile)
+    backward_time = _ordering_seconds(timing.backward_seconds, ordering, call_dtypes)
+    forward_time = _ordering_seconds(timing.forward_seconds, ordering, call_dtypes)
     sparse_sizes, scatters = _sparse_update(_sparse_updater(state, ops, notes) or opt, ops)
     step = functools.partial(
         simulate,
@@ -601,9 +603,9 @@ def estimate(
         remat=regions,
         allocator=profile.allocator,
         update_time=lambda nbytes, key: _update_seconds(
-            updater.get(key, state), timing.ordering_profile(profile), nbytes),
+            updater.get(key, state), ordering, nbytes),
         steps=profile.simulated_steps if profile.weight_grad_lag > 0 else 1,
-        products_timed="gemm_read" in timing.ordering_profile(profile).rates,
+        products_timed="gemm_read" in ordering.rates,
     )
     nominal = step(ops)
     result, history_peaks = nominal, ()
@@ -820,14 +822,13 @@ def _channels_first_note(graph: ModelGraph) -> str | None:
             "train on this CPU; the estimate is of the step as it would run")
 
 
-def _ordering_seconds(seconds: Callable[..., Any], profile: devices.DeviceProfile,
+def _ordering_seconds(seconds: Callable[..., Any], ordering: devices.DeviceProfile,
                       dtypes: dict[int, str]) -> Callable[[Any], Any]:
-    """``seconds(prim cost, profile, dtype)`` (``timing.backward_seconds``: a
+    """``seconds(prim cost, ordering, dtype)`` (``timing.backward_seconds``: a
     prim's input and weight gradients; ``timing.forward_seconds``: its
-    forward kernel, which a recomputed prim runs again) on ``profile`` or,
-    uncalibrated, at nominal CPU speeds: they order the CPU's two gradient
-    streams in the simulated step."""
-    ordering = timing.ordering_profile(profile)
+    forward kernel, which a recomputed prim runs again) on the speeds that
+    order the CPU's two gradient streams in the simulated step
+    (``timing.ordering_profile``: the profile's, or nominal CPU speeds)."""
     return lambda c: seconds(c, ordering, dtypes.get(c.layer_index, "float32"))
 
 
