@@ -122,6 +122,14 @@ class Prim:
             product of two activations: the output gradient and the other
             operand), for ``timing``'s ``gemm_read`` rate where a profile
             has one.
+        grad_forwards: ``(tensor, bytes)`` pairs: a temporary of its gradient
+            kernel written into the buffer of that tensor (an input or output
+            it saved) where nothing else holds the tensor then, and allocated
+            where something does (TensorFlow's ``MaxPoolGrad`` copies the
+            pooled output: ``forward_input_or_allocate_temp``).
+        grad_into_input: inputs whose gradient is written into their own
+            buffer where nothing else holds them then (``MaxPoolGrad``'s
+            ``forward_input_or_allocate_output`` on the pooling's input).
         hoisted: a gradient op that runs with the forward pass, as TensorFlow's
             executor runs it once the forward tensors it reads exist (GELU's
             ``Square``; ``tfgraph._hoist``): not part of a forward pass run
@@ -164,6 +172,8 @@ class Prim:
     hoisted: bool = False
     transposed_reads: tuple[tuple[str, int], ...] = ()
     operand_reads: tuple[tuple[str, int], ...] = ()
+    grad_forwards: tuple[tuple[str, int], ...] = ()
+    grad_into_input: tuple[str, ...] = ()
 
     def grad_inputs(self) -> tuple[str, ...]:
         return self.inputs if self.differentiable is None else self.differentiable
@@ -188,6 +198,8 @@ class Prim:
             upcast_workspace=tuple((r(k) if k else k, v) for k, v in self.upcast_workspace),
             transposed_reads=tuple((r(k), v) for k, v in self.transposed_reads),
             operand_reads=tuple((r(k), v) for k, v in self.operand_reads),
+            grad_forwards=tuple((r(k), v) for k, v in self.grad_forwards),
+            grad_into_input=tuple(map(r, self.grad_into_input)),
             accumulate_workspace=tuple((r(k) if k else k, v)
                                        for k, v in self.accumulate_workspace),
             sparse_grad=tuple(map(r, self.sparse_grad)),
@@ -263,11 +275,11 @@ def prim(
 ) -> Prim:
     """Build a :class:`Prim` from lists (a convenience for rules)."""
     for key in ("save", "inplace", "upcast_workspace", "accumulate_workspace", "backlog_parts",
-                "sparse_grad", "grad_passes"):
+                "sparse_grad", "grad_passes", "grad_into_input"):
         if key in kwargs:
             kwargs[key] = tuple(kwargs[key])  # type: ignore[arg-type]
     for key in ("workspace_for", "output_pieces", "always_grads",
-                "transposed_reads", "operand_reads"):  # (reference, count) pairs
+                "transposed_reads", "operand_reads", "grad_forwards"):  # (reference, count) pairs
         if key in kwargs:
             given = kwargs[key]
             items = given.items() if isinstance(given, dict) else given  # type: ignore[union-attr]

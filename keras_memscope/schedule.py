@@ -364,6 +364,14 @@ def _handed_on(f: _Flat) -> set[int]:
     return {f.ins[p.inputs.index(r)] for r in p.grad_passes if r in p.inputs}
 
 
+def _tensor_of(f: _Flat, ref: str) -> int:
+    """The tensor id of ``f``'s input or output named ``ref``."""
+    p = f.prim
+    if ref in p.inputs:
+        return f.ins[p.inputs.index(ref)]
+    return f.outs[[r for r, _ in p.outputs].index(ref)]
+
+
 def _addition_trees(flats: Sequence[_Flat], made: dict[int, int]) -> dict[int, set[int]]:
     """For each addition in a tree of additions of one shape (a Keras ``Add``
     of more than two inputs: each partial sum read only by the next), every
@@ -1447,8 +1455,13 @@ def simulate(
             xts = [t for t in f.input_grads if t not in weight_side and t != on_second]
             wts = [t for t in f.input_grads if t in weight_side or t == on_second]
             t_in, t_w = times[i_flat] if times else (0.0, 0.0)
+            # an XLA-compiled gradient (Prim.always_grads: a grouped
+            # convolution's on the CPU) is one op that writes every gradient
+            # when it ends: no weight gradient runs on after it
+            one_op = bool(times and wts and p.always_grads)
             first_job, ended_first = None, False
-            if (times and wts and xts and costs[i_flat].kernel in WEIGHT_GRADIENT_FIRST
+            if (times and wts and xts and not one_op
+                    and costs[i_flat].kernel in WEIGHT_GRADIENT_FIRST
                     and any(j.left > 0 for j in jobs)):
                 # the second thread is busy: the weight gradient starts now,
                 # beside the job running there, and the input gradient waits
@@ -1506,6 +1519,30 @@ def simulate(
                     grad_shares[bid] += k > 0
                     partial[t].append(bid)
                 reusable = []
+            # a gradient kernel's temporaries live beside the gradients it writes
+            extra, parts = p.backward_workspace_bytes, p.backward_workspace_parts
+            free_donors = [op.inputs[int(r[2:])] for r in p.backward_donors]
+            if free_donors and all(t not in shared_input and saved_by[t] <= {op.index}
+                                   and t in buffer_of
+                                   and sim.buffers[buffer_of[t]].live_tensors == 1
+                                   for t in free_donors):
+                extra, parts = sum(p.backward_workspace_parts_if_free), \
+                    p.backward_workspace_parts_if_free
+            # temporaries written into a saved tensor's buffer where nothing
+            # else holds it now, else allocated (MaxPoolGrad's pooled copy)
+            temps = [n for r, n in p.grad_forwards
+                     if sole_buffer(_tensor_of(f, r)) is None]
+            if temps:
+                parts = (*temps, *(parts or ((extra,) if extra else ())))
+                extra += sum(temps)
+            if p.grad_forwards:
+                # such a kernel makes its temporaries before its input
+                # gradient (allocator traces of MaxPoolGrad: the copy, the
+                # index, then the input gradient)
+                ws_x = workspace(f, xts, extra, parts, unwanted=True)
+            # inputs whose gradient the kernel writes into their own buffer
+            # where nothing else holds them now (MaxPoolGrad's)
+            into_own = [f.ins[p.inputs.index(r)] for r in p.grad_into_input if r in p.inputs]
             for t in xts:
                 if t in passed:
                     continue
@@ -1513,6 +1550,10 @@ def simulate(
                 bid = next((b for b in reusable if sim.buffers[b].nbytes == nbytes), None)
                 donor = next((s for s in donors if sim.buffers[buffer_of[s]].nbytes == nbytes),
                              None) if bid is None else None
+                if (bid is None and donor is None and t in into_own
+                        and sole_buffer(t) is not None
+                        and sim.buffers[buffer_of[t]].nbytes == nbytes):
+                    donor = t
                 if bid is not None:
                     reusable.remove(bid)
                     out_grads.remove(bid)
@@ -1520,7 +1561,8 @@ def simulate(
                 elif donor is not None:
                     # (its hold stays, to be let go of at the job's end: the
                     # tensor no longer has the buffer)
-                    donors.remove(donor)
+                    if donor in donors:
+                        donors.remove(donor)
                     bid = buffer_of.pop(donor)
                     sim.buffers[bid].live_tensors = 0
                     sim.buffers[bid].layer, sim.buffers[bid].kind = op.name, GRADIENT
@@ -1529,7 +1571,7 @@ def simulate(
                 partial[t].append(bid)
             job = first_job or _Job(f, wts, out_grads, clock, clock)
             waits_for_thread = False
-            if times and wts and first_job is None:
+            if times and wts and first_job is None and not one_op:
                 # the job takes a thread when the jobs before it are done
                 # (see ``share``)
                 job.left, job.end = t_w, INF
@@ -1546,16 +1588,8 @@ def simulate(
             if starts_now:
                 start_job(job, with_workspace=False)
             sim.check("backward")
-            # a gradient kernel's temporaries live beside the gradients it writes
-            extra, parts = p.backward_workspace_bytes, p.backward_workspace_parts
-            donors = [op.inputs[int(r[2:])] for r in p.backward_donors]
-            if donors and all(t not in shared_input and saved_by[t] <= {op.index}
-                              and t in buffer_of
-                              and sim.buffers[buffer_of[t]].live_tensors == 1
-                              for t in donors):
-                extra, parts = sum(p.backward_workspace_parts_if_free), \
-                    p.backward_workspace_parts_if_free
-            ws_x = workspace(f, xts, extra, parts, unwanted=True)
+            if not p.grad_forwards:
+                ws_x = workspace(f, xts, extra, parts, unwanted=True)
             if starts_now:
                 job.workspace = workspace(f, wts)
             sim.check("backward")
@@ -1563,7 +1597,7 @@ def simulate(
                 sim.free(ws_x)
             settle(xts)
             sim.point("backward", op.name, p.name)
-            if times and not wts:
+            if times and (not wts or one_op):
                 # nothing left to compute: the output gradient and what the
                 # gradient read go as soon as the input gradients are written
                 end_job(job)
@@ -1572,7 +1606,9 @@ def simulate(
                     drop_grad(bid)
             elif first_job is None:
                 jobs.append(job)
-            if xts and times:
+            if one_op:
+                clock = share(t_in + t_w)
+            elif xts and times:
                 clock = share(t_in)
             elif waits_for_thread:
                 clock = share(0.0, keep_waiting=1)

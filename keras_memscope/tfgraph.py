@@ -1177,6 +1177,8 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             filt, _ = _col_buffers(op, op.inputs[2], op.inputs[1])
             workspace_for = {ref[op.inputs[1].name]: filt}
         bwd_ws = 0
+        grad_forwards: dict[str, int] = {}
+        grad_into_input: list[str] = []
         if op.type == "MaxPool" and cpu_onednn_runs(op.outputs[0].dtype.name) and outputs:
             # oneDNN's max pooling: one byte per output element, kept for
             # the gradient instead of MaxPoolGrad's temporary
@@ -1184,7 +1186,18 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             keep.append(f"t{n}")
             n += 1
         elif op.type == "MaxPool":
-            bwd_ws = _bytes(op.outputs[0])  # MaxPoolGrad's temporary
+            # TensorFlow's MaxPoolGrad (MaxPoolingGradOp): an int64 index per
+            # output element, always; a copy of the pooled output, in its
+            # buffer where nothing else holds it then; the input gradient,
+            # in the input's buffer where nothing else holds that (profiled
+            # alone: exactly those three allocations)
+            bwd_ws = 8 * _elements(op.outputs[0])
+            if outputs:
+                grad_forwards = {outputs[0][0]: _bytes(op.outputs[0])}
+            else:
+                bwd_ws += _bytes(op.outputs[0])
+            if op.inputs[0].name in ref:
+                grad_into_input = [ref[op.inputs[0].name]]
         bwd_ws += xla_backward.get(op.name, 0)
         fwd_ws = 0
         if op.type == "Einsum" and all(x.shape.is_fully_defined() for x in op.inputs):
@@ -1262,7 +1275,8 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
                            if t.name in ref and t.dtype.is_floating]
                           if op.name in xla_backward else []),
             forward_workspace_bytes=fwd_ws, transposed_reads=transposed,
-            operand_reads=operand_reads,
+            operand_reads=operand_reads, grad_forwards=grad_forwards,
+            grad_into_input=grad_into_input,
             role="activation" if (f"{ACTIVATION_SCOPE}/" in op.name
                                   or op.name in in_activation) else "",
             **upcast,

@@ -51,10 +51,11 @@ class Builder:
         # OUT in what a prim saves stands for its own first output.
         if "save" in kwargs:
             kwargs["save"] = [refs[0] if x == OUT else x for x in kwargs["save"]]
-        if "output_pieces" in kwargs:
-            given = kwargs["output_pieces"]
-            items = given.items() if isinstance(given, dict) else given
-            kwargs["output_pieces"] = [(refs[0] if k == OUT else k, v) for k, v in items]
+        for key in ("output_pieces", "grad_forwards"):
+            if key in kwargs:
+                given = kwargs[key]
+                items = given.items() if isinstance(given, dict) else given
+                kwargs[key] = [(refs[0] if k == OUT else k, v) for k, v in items]
         if "save_for" in kwargs:
             given = kwargs["save_for"]
             items = given.items() if isinstance(given, dict) else given

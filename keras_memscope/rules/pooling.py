@@ -29,9 +29,9 @@ def _window(call: CallRecord) -> int:
 @register(*_MAX)
 def max_pool(call: CallRecord) -> list[Prim]:
     """MaxPooling: keeps input and output; TensorFlow's MaxPoolGrad also
-    allocates a temporary the size of the pooled output (with oneDNN's
-    kernels: a saved workspace of one byte per output element instead). FLOPs: one compare
-    per window element of every output."""
+    allocates an int64 index per output element and copies the pooled output
+    (with oneDNN's kernels: a saved workspace of one byte per output element
+    instead). FLOPs: one compare per window element of every output."""
     from ..devices import cpu_onednn_runs
 
     b = Builder(call)
@@ -43,8 +43,16 @@ def max_pool(call: CallRecord) -> list[Prim]:
         z, ws = b.add("max_pool", ["in0"], [out.nbytes, math.prod(out.shape)], flops=flops)
         b.prims[-1] = Prim(**{**b.prims[-1].__dict__, "save_for": (("in0", ("in0", z, ws)),)})
         return b.finish([z])
+    if isinstance(call.layer, keras.layers.MaxPooling3D):
+        z = b.add1("max_pool", ["in0"], out.nbytes, save_for={"in0": ("in0", OUT)},
+                   flops=flops, backward_workspace_bytes=out.nbytes)
+        return b.finish([z])
+    # MaxPoolGrad: an int64 index per output element, always; a copy of the
+    # pooled output and the input gradient, each in the buffer of the tensor
+    # it copies where nothing else holds that then
     z = b.add1("max_pool", ["in0"], out.nbytes, save_for={"in0": ("in0", OUT)},
-               flops=flops, backward_workspace_bytes=out.nbytes)
+               flops=flops, backward_workspace_bytes=8 * math.prod(out.shape),
+               grad_forwards={OUT: out.nbytes}, grad_into_input=["in0"])
     return b.finish([z])
 
 
