@@ -267,6 +267,19 @@ def matmul_upcast(dtype: str, a: tuple[str, int], b: tuple[str, int],
             "accumulate_workspace": accumulate}
 
 
+def max_pool_grad(pooled: str, pooled_bytes: int, pooled_elements: int,
+                  source: str | None) -> dict[str, object]:
+    """The gradient fields of a max pooling that TensorFlow's own CPU kernel
+    (``MaxPoolingGradOp``) differentiates: an int64 index per pooled
+    element, always; a copy of the pooled output ``pooled``, in its buffer
+    where nothing else holds it then; the input gradient, in the buffer of
+    the pooling's input ``source`` (if known) where nothing else holds that
+    (profiled alone: exactly those three allocations, in that order)."""
+    return {"backward_workspace_bytes": 8 * pooled_elements,
+            "grad_forwards": ((pooled, pooled_bytes),),
+            "grad_into_input": (source,) if source is not None else ()}
+
+
 def prim(
     name: str,
     inputs: Sequence[str],

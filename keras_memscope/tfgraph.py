@@ -34,7 +34,7 @@ from typing import Any
 from . import xla
 from .devices import cpu_onednn_runs
 from .graph import CallRecord, LoopKeeps, op_attributes
-from .ir import Prim, matmul_upcast, prim
+from .ir import Prim, matmul_upcast, max_pool_grad, prim
 from .units import DTYPE_BYTES
 
 #: The device grappler's rewrite places every op on.
@@ -1177,27 +1177,17 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             filt, _ = _col_buffers(op, op.inputs[2], op.inputs[1])
             workspace_for = {ref[op.inputs[1].name]: filt}
         bwd_ws = 0
-        grad_forwards: dict[str, int] = {}
-        grad_into_input: list[str] = []
+        pooling: dict[str, object] = {}
         if op.type == "MaxPool" and cpu_onednn_runs(op.outputs[0].dtype.name) and outputs:
             # oneDNN's max pooling: one byte per output element, kept for
             # the gradient instead of MaxPoolGrad's temporary
             outputs.append((f"t{n}", _elements(op.outputs[0])))
             keep.append(f"t{n}")
             n += 1
-        elif op.type == "MaxPool":
-            # TensorFlow's MaxPoolGrad (MaxPoolingGradOp): an int64 index per
-            # output element, always; a copy of the pooled output, in its
-            # buffer where nothing else holds it then; the input gradient,
-            # in the input's buffer where nothing else holds that (profiled
-            # alone: exactly those three allocations)
-            bwd_ws = 8 * _elements(op.outputs[0])
-            if outputs:
-                grad_forwards = {outputs[0][0]: _bytes(op.outputs[0])}
-            else:
-                bwd_ws += _bytes(op.outputs[0])
-            if op.inputs[0].name in ref:
-                grad_into_input = [ref[op.inputs[0].name]]
+        elif op.type == "MaxPool" and outputs:
+            pooling = max_pool_grad(outputs[0][0], _bytes(op.outputs[0]),
+                                    _elements(op.outputs[0]), ref.get(op.inputs[0].name))
+            bwd_ws = pooling.pop("backward_workspace_bytes")
         bwd_ws += xla_backward.get(op.name, 0)
         fwd_ws = 0
         if op.type == "Einsum" and all(x.shape.is_fully_defined() for x in op.inputs):
@@ -1275,8 +1265,7 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
                            if t.name in ref and t.dtype.is_floating]
                           if op.name in xla_backward else []),
             forward_workspace_bytes=fwd_ws, transposed_reads=transposed,
-            operand_reads=operand_reads, grad_forwards=grad_forwards,
-            grad_into_input=grad_into_input,
+            operand_reads=operand_reads, **pooling,
             role="activation" if (f"{ACTIVATION_SCOPE}/" in op.name
                                   or op.name in in_activation) else "",
             **upcast,

@@ -48,6 +48,15 @@ def test_rules_estimate_against_measurement(make, batch, optimizer, processes):
     assert abs(error) <= RULES_WORST, (est.peak_bytes, [m.step_peak_bytes for m in runs])
 
 
+#: Prints a profile's (``path``) BFC allocations and frees in time order:
+#: [event, op, bytes, address].
+ALLOCS_AND_FREES = r"""
+events = _xspace_events(path, ("MemoryAllocation", "MemoryDeallocation"))
+print(json.dumps([[n, s.get("tf_op", ""), s.get("requested_bytes", 0), s.get("addr")]
+                  for n, s in events]))
+"""
+
+
 PROFILE_ONE_OP = r"""
 import glob, json, sys, tempfile
 import tensorflow as tf
@@ -64,10 +73,7 @@ tf.profiler.experimental.start(logdir)
 step(x)
 tf.profiler.experimental.stop()
 path = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)[0]
-events = _xspace_events(path, ("MemoryAllocation", "MemoryDeallocation"))
-print(json.dumps([[n, s.get("tf_op", ""), s.get("requested_bytes", 0), s.get("addr")]
-                  for n, s in events]))
-"""
+""" + ALLOCS_AND_FREES
 
 
 def test_profiler_memory_events_in_time_order():
@@ -1237,11 +1243,7 @@ x, y = tf.ones((32, 256, 16), "float32"), tf.zeros((32,), "int32")
 """
 
 #: One profiled step's BFC allocations and frees: [event, op, bytes, address].
-PROFILED_FREES = PROFILED + r"""
-events = _xspace_events(path, ("MemoryAllocation", "MemoryDeallocation"))
-print(json.dumps([[n, s.get("tf_op", ""), s.get("requested_bytes", 0), s.get("addr")]
-                  for n, s in events]))
-"""
+PROFILED_FREES = PROFILED + ALLOCS_AND_FREES
 
 
 def test_an_xla_compiled_gradient_writes_every_gradient_at_once(monkeypatch):

@@ -8,7 +8,7 @@ import math
 import keras
 
 from ..graph import CallRecord
-from ..ir import Prim
+from ..ir import Prim, max_pool_grad
 from . import register
 from .base import OUT, Builder
 
@@ -47,12 +47,8 @@ def max_pool(call: CallRecord) -> list[Prim]:
         z = b.add1("max_pool", ["in0"], out.nbytes, save_for={"in0": ("in0", OUT)},
                    flops=flops, backward_workspace_bytes=out.nbytes)
         return b.finish([z])
-    # MaxPoolGrad: an int64 index per output element, always; a copy of the
-    # pooled output and the input gradient, each in the buffer of the tensor
-    # it copies where nothing else holds that then
     z = b.add1("max_pool", ["in0"], out.nbytes, save_for={"in0": ("in0", OUT)},
-               flops=flops, backward_workspace_bytes=8 * math.prod(out.shape),
-               grad_forwards={OUT: out.nbytes}, grad_into_input=["in0"])
+               flops=flops, **max_pool_grad(OUT, out.nbytes, math.prod(out.shape), "in0"))
     return b.finish([z])
 
 
