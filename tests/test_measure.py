@@ -422,25 +422,30 @@ def test_accumulation_against_measurement():
 def test_a_multi_optimizers_updates_against_measurement():
     """A MultiOptimizer updates each variable with its own optimizer: here
     SGD for the three kernels (no slots, nothing made beside the gradient)
-    and Adam for the biases. Measured 16.2-20.3 MiB over the steps of six
-    processes; the estimate 20.3, its orders 16.2-20.3. Whether a process's
-    steps take the high order is much a matter of the process: in two of
-    six none of twelve steps did (16.7 at most), so six processes are
-    measured, and the test fails by chance where all six miss it (about
-    one run in 700). With Adam's update figures for every variable (what
-    one set of figures for the whole optimizer gives) it was 24.3, +20%."""
+    and Adam for the biases. The estimate's orders reach two levels, 16.2
+    and 20.3 MiB (one kernel's gradient more or less waiting for its
+    update; the estimate the higher); with Adam for every variable it is
+    40.3. Which level the real steps reach is a matter of the machine and
+    the process: 16.2-20.3 MiB over six processes on an AVX2 EPYC (two of
+    them never above 16.7), 16.2-16.6 in all 36 steps of six processes on
+    another machine. So the highest measured step must be one of the
+    simulated levels (within 5%: they are 25% apart) and none above the
+    estimate, the highest of them: what has to fit."""
     def multi():
         return keras.optimizers.MultiOptimizer(keras.optimizers.OptimizerMap(
             keras.optimizers.Adam(), {".*/kernel": keras.optimizers.SGD()}))
 
     model = wide_mlp()
     runs = [memscope.measure(model, 32, optimizer=multi(), steps=6, device="cpu")
-            for _ in range(6)]
-    worst = max(r.peak_bytes for r in runs)
+            for _ in range(3)]
     est = memscope.estimate(model, 32, optimizer=multi(), device="cpu")
     assert est.optimizer.startswith("MultiOptimizer")
-    assert abs(est.peak_bytes / worst - 1) <= 0.05, (est.history_peaks,
-                                                     [r.step_peak_bytes for r in runs])
+    assert est.peak_bytes == max(est.history_peaks)
+    steps = [s for r in runs for s in r.step_peak_bytes]
+    highest = max(steps)
+    nearest = min(est.history_peaks, key=lambda h: abs(h - highest))
+    assert abs(highest / nearest - 1) <= 0.05, (steps, est.history_peaks)
+    assert highest <= 1.05 * est.peak_bytes, (steps, est.peak_bytes)
 
 
 @pytest.mark.skipif(not hasattr(keras.optimizers, "MultiOptimizer"),
