@@ -50,6 +50,10 @@ class Prim:
             running ahead of its weight-gradient sums: one partial gradient of
             every kernel per timestep ahead); ``simulate(worst_case=True)``
             holds them, which gives the estimate's ``possible_extra_bytes``.
+        backward_thread_parts: how many of the last ``backward_workspace_parts``
+            are one per CPU thread running its gradient's kernels at once (a
+            loop body's column buffers): while a weight gradient still runs on
+            the second thread, one of them.
         workspace_for: ``(input, bytes)`` pairs: more temporary bytes while the
             gradient with respect to that input is computed.
         always_grads: ``(input, bytes)`` pairs: input gradients its gradient
@@ -151,6 +155,7 @@ class Prim:
     backward_workspace_parts_if_free: tuple[int, ...] = ()
     backward_donors: tuple[str, ...] = ()
     backlog_parts: tuple[int, ...] = ()
+    backward_thread_parts: int = 0
     workspace_for: tuple[tuple[str, int], ...] = ()
     always_grads: tuple[tuple[str, int], ...] = ()
     output_pieces: tuple[tuple[str, int], ...] = ()

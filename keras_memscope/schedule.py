@@ -619,7 +619,11 @@ def simulate(
     matrix product's weight gradient that comes while the second stream is
     busy starts at once and its input gradient waits for the first of the
     two to end where :data:`WEIGHT_GRADIENT_FIRST` names its kernel (by
-    default none). Without ``backward_time``, each job ends
+    default none). A loop whose gradient holds a buffer per thread running
+    it (``Prim.backward_thread_parts``: a ConvLSTM step's column buffers)
+    holds one while a job still runs on the second thread, and all of them
+    once the jobs have ended, if they end before it. Without
+    ``backward_time``, each job ends
     ``weight_grad_lag`` gradient ops later. ``products_timed``: the times
     give a product of two activations' two gradients their own speeds,
     and (:data:`PRODUCT_GRADIENTS_SIDE_BY_SIDE` None) the second runs on the
@@ -1588,11 +1592,27 @@ def simulate(
             if starts_now:
                 start_job(job, with_workspace=False)
             sim.check("backward")
+            # a loop body's per-thread buffers (Prim.backward_thread_parts):
+            # one while a weight gradient still runs on the second thread
+            narrow = (len(parts) - p.backward_thread_parts + 1
+                      if times and xts and not p.grad_forwards and p.backward_thread_parts > 1
+                      and any(j.left > 0 for j in jobs) else 0)
             if not p.grad_forwards:
-                ws_x = workspace(f, xts, extra, parts, unwanted=True)
+                ws_x = workspace(f, xts, sum(parts[:narrow]) if narrow else extra,
+                                 parts[:narrow] if narrow else parts, unwanted=True)
             if starts_now:
                 job.workspace = workspace(f, wts)
             sim.check("backward")
+            pending = sum(j.left for j in jobs if j.left > 0)
+            if narrow and pending < t_in:
+                # the loop runs beside them until they end, then on both
+                # threads: every per-thread buffer
+                clock = share(pending)
+                advance(clock)
+                t_in -= pending
+                sim.free(ws_x)
+                ws_x = workspace(f, xts, extra, parts, unwanted=True)
+                sim.check("backward")
             if ws_x is not None:
                 sim.free(ws_x)
             settle(xts)

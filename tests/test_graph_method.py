@@ -742,6 +742,30 @@ def test_conv_lstm_step_gradient_column_buffers(monkeypatch):
     assert two - one == state and one - none == state
 
 
+def test_a_loop_beside_a_running_weight_gradient_holds_one_column_buffer(monkeypatch):
+    """A ConvLSTM step's gradient holds one column buffer per thread running
+    it, and while a weight gradient still runs on the second thread the loop
+    has one: two ConvLSTM1D (32 filters over 64 positions, 10 steps) and a
+    Conv1D, batch 16, Adam, TensorFlow's own kernels. The allocator traces
+    (``python -m benchmarks.allocation_trace --model convlstm1d --batch 16
+    --optimizer adam --steps 3 --min-kib 1024``) peak at 76.1-76.6 MiB when
+    the Conv1D's two 21.1 MiB column buffers are made; its gradients end
+    before the loop's, which then holds two 16.4 MiB buffers at a time. The
+    simulation ends the Conv1D's input gradient a little before its filter
+    gradient, and the loop starting beside that held both of its buffers
+    and the filter gradient's: 94.1 MiB, +23%; with one buffer until the
+    filter gradient ends, 77.7."""
+    from benchmarks import zoo
+    from keras_memscope import devices
+
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    monkeypatch.setattr(devices, "cpu_uses_onednn", lambda: False)
+    est = memscope.estimate(zoo.convlstm1d(), 16, optimizer="adam", device="cpu")
+    measured = memscope.measure(zoo.convlstm1d(), 16, optimizer="adam", steps=3, device="cpu")
+    assert abs(est.peak_bytes / measured.peak_bytes - 1) <= 0.05, (
+        est.history_peaks, measured.step_peak_bytes)
+
+
 def test_input_gradient_buffer_against_tensorflows_fixed_cache_size(monkeypatch):
     """TensorFlow's CPU input-gradient kernel contracts one image at a time
     (a one-image column buffer) when a thread's share of one image's work

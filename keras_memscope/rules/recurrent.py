@@ -130,8 +130,10 @@ def _cell_column_buffers(layer: object, batch: int, out_map: tuple[int, ...], ch
     in parallel. An allocator trace of ``benchmarks.zoo.convlstm`` at batch 8
     (16 filters on 32 x 32, 4 input channels): every step's eight filter
     gradients allocate 20.7 MiB (input) and 27.0 MiB (state) buffers, and at
-    the peak two state ones are alive together, on the two threads. With
-    oneDNN's kernels there are none: ()."""
+    the peak two state ones are alive together, on the two threads (one
+    while another kernel's weight gradient still holds the second thread:
+    ``Prim.backward_thread_parts``). With oneDNN's kernels there are none:
+    ()."""
     from ..devices import cpu_cache_facts
     from .conv import col_buffers
 
@@ -200,6 +202,7 @@ def _loop(call: CallRecord, steps: int, features: int, units: int, gates: int,
         backward_workspace_parts=((kernel_bytes + step_bytes, *column_buffers)
                                   if column_buffers else ()),
         backlog_parts=_backlog_parts(call, steps),
+        backward_thread_parts=len(column_buffers),
     )
     # each timestep pushes its own small tensors, only read by the gradient
     # (some only by the input's)
