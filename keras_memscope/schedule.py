@@ -1603,8 +1603,7 @@ def simulate(
             if starts_now:
                 job.workspace = workspace(f, wts)
             sim.check("backward")
-            pending = sum(j.left for j in jobs if j.left > 0)
-            if narrow and pending < t_in:
+            if narrow and (pending := sum(j.left for j in jobs if j.left > 0)) < t_in:
                 # the loop runs beside them until they end, then on both
                 # threads: every per-thread buffer
                 clock = share(pending)
