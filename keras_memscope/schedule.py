@@ -1598,8 +1598,8 @@ def simulate(
                       if times and xts and not p.grad_forwards and p.backward_thread_parts > 1
                       and any(j.left > 0 for j in jobs) else 0)
             if not p.grad_forwards:
-                ws_x = workspace(f, xts, sum(parts[:narrow]) if narrow else extra,
-                                 parts[:narrow] if narrow else parts, unwanted=True)
+                ws_x = (workspace(f, xts, sum(parts[:narrow]), parts[:narrow], unwanted=True)
+                        if narrow else workspace(f, xts, extra, parts, unwanted=True))
             if starts_now:
                 job.workspace = workspace(f, wts)
             sim.check("backward")

@@ -43,12 +43,13 @@ def max_pool(call: CallRecord) -> list[Prim]:
         z, ws = b.add("max_pool", ["in0"], [out.nbytes, math.prod(out.shape)], flops=flops)
         b.prims[-1] = Prim(**{**b.prims[-1].__dict__, "save_for": (("in0", ("in0", z, ws)),)})
         return b.finish([z])
-    if isinstance(call.layer, keras.layers.MaxPooling3D):
-        z = b.add1("max_pool", ["in0"], out.nbytes, save_for={"in0": ("in0", OUT)},
-                   flops=flops, backward_workspace_bytes=out.nbytes)
-        return b.finish([z])
+    # MaxPool3DGrad is another kernel, not profiled here: it keeps the one
+    # temporary of the pooled output's size it had
+    grad = ({"backward_workspace_bytes": out.nbytes}
+            if isinstance(call.layer, keras.layers.MaxPooling3D)
+            else max_pool_grad(OUT, out.nbytes, math.prod(out.shape), "in0"))
     z = b.add1("max_pool", ["in0"], out.nbytes, save_for={"in0": ("in0", OUT)},
-               flops=flops, **max_pool_grad(OUT, out.nbytes, math.prod(out.shape), "in0"))
+               flops=flops, **grad)
     return b.finish([z])
 
 
