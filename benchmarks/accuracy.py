@@ -211,6 +211,15 @@ MORE_LOOPS_CONFIGS = [("rnnscan", 64, "rmsprop"), ("newtonsqrt", 256, "adam"),
 # set at these batches, measured and estimated once, with no change between
 LOOP_SHAPES_CONFIGS = [("twinscan", 256, "adam"), ("nestedloops", 512, "adam"),
                        ("refine_bf16", 512, "adam"), ("scanfirst", 128, "adam")]
+# Conv3D networks at batches where TensorFlow's Conv3D gradient kernels take
+# their column buffers or do not (``rules.conv.conv3d_col_buffers``): all but
+# r3d's measured once while those buffers were modelled (c3d and ae3d written
+# for it); r3d's configurations written with them and first estimated and
+# measured after the change
+VOLUMES_CONFIGS = [("video", 1, "adam"), ("video", 16, "adam"), ("video", 32, "sgd"),
+                   ("unet3d", 8, "adam"), ("c3d", 2, "adam"), ("c3d", 8, "sgd"),
+                   ("ae3d", 4, "adam"), ("ae3d", 16, "adam"), ("r3d", 4, "rmsprop"),
+                   ("r3d", 12, "adam")]
 #: the sets beside the zoo, by their flag, in the order they were written
 SETS = {"held-out": HELD_OUT_CONFIGS, "unseen": UNSEEN_CONFIGS, "fresh": FRESH_CONFIGS,
         "novel": NOVEL_CONFIGS, "untried": UNTRIED_CONFIGS, "blind": BLIND_CONFIGS,
@@ -222,7 +231,7 @@ SETS = {"held-out": HELD_OUT_CONFIGS, "unseen": UNSEEN_CONFIGS, "fresh": FRESH_C
         "unsurveyed": UNSURVEYED_CONFIGS, "unfamiliar": UNFAMILIAR_CONFIGS,
         "unexamined": UNEXAMINED_CONFIGS, "keras-io": KERAS_IO_CONFIGS,
         "own-loops": OWN_LOOPS_CONFIGS, "more-loops": MORE_LOOPS_CONFIGS,
-        "loop-shapes": LOOP_SHAPES_CONFIGS}
+        "loop-shapes": LOOP_SHAPES_CONFIGS, "volumes": VOLUMES_CONFIGS}
 def _multi(mapped: dict[str, str]) -> dict[str, Any]:
     """A serialized ``MultiOptimizer``: SGD with momentum for every variable
     but those whose path matches a pattern of ``mapped`` (to an optimizer's
@@ -283,7 +292,7 @@ OWN_LOSS = ("gru", "unet", "autoencoder", "twotower", "skipnet", "timedistribute
             "maskednet", "maskedmean", "widedeep", "tiedlm", "multihead", "lstmdrop",
             "birnnsum", "cropnet", "dwmult", "rmsmlp", "cosreg", "hourglass", "capsnet",
             "resizer", "siren", "dualencoder", "dcn", "distill", "hypernet", "focalcnn",
-            "xceptionsmall", "texttransformer", "tstransformer")
+            "xceptionsmall", "texttransformer", "tstransformer", "ae3d")
 
 
 def _key(model: str, batch: int, opt: str) -> str:
@@ -392,6 +401,10 @@ def main(argv: list[str] | None = None) -> int:
     configs = next((c for name, c in reversed(SETS.items())
                     if getattr(args, name.replace("-", "_"))), CONFIGS)
     if args.only:
+        unknown = set(args.only) - {c[0] for c in configs}
+        if unknown:
+            parser.error(f"--only: no configuration of this set is named {sorted(unknown)}; "
+                         f"its models: {sorted({c[0] for c in configs})}")
         configs = [c for c in configs if c[0] in args.only]
     from benchmarks import machine
 

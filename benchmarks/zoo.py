@@ -473,6 +473,51 @@ def video() -> keras.Model:
         layers.GlobalAveragePooling3D(), layers.Dense(6)], name="video")
 
 
+def c3d() -> keras.Model:
+    """A C3D-like clip classifier on 16 frames of 56 x 56 x 3: three 3 x 3 x
+    3 Conv3D (32, 64, 64) with MaxPooling3D, global average pooling."""
+    return keras.Sequential([
+        keras.Input((16, 56, 56, 3)),
+        layers.Conv3D(32, 3, padding="same", activation="relu"), layers.MaxPooling3D((1, 2, 2)),
+        layers.Conv3D(64, 3, padding="same", activation="relu"), layers.MaxPooling3D(2),
+        layers.Conv3D(64, 3, padding="same", activation="relu"),
+        layers.GlobalAveragePooling3D(), layers.Dense(10)], name="c3d")
+
+
+def ae3d() -> keras.Model:
+    """A volume autoencoder on 16 x 32 x 32 x 2: two stride-2 Conv3D down,
+    two stride-2 Conv3DTranspose back up, mean squared error."""
+    inputs = keras.Input((16, 32, 32, 2))
+    x = layers.Conv3D(16, 3, strides=2, padding="same", activation="relu")(inputs)
+    x = layers.Conv3D(32, 3, strides=2, padding="same", activation="relu")(x)
+    x = layers.Conv3DTranspose(16, 3, strides=2, padding="same", activation="relu")(x)
+    x = layers.Conv3DTranspose(2, 3, strides=2, padding="same")(x)
+    model = keras.Model(inputs, x, name="ae3d")
+    model.compile(loss="mse")
+    return model
+
+
+def r3d() -> keras.Model:
+    """A small 3-D ResNet on 8 frames of 64 x 64 x 3: a strided Conv3D stem,
+    two residual blocks of two 3 x 3 x 3 Conv3D with BatchNormalization (the
+    second block strided, with a 1 x 1 x 1 projection), global average
+    pooling."""
+    inputs = keras.Input((8, 64, 64, 3))
+    x = layers.Conv3D(24, (3, 7, 7), strides=(1, 2, 2), padding="same", use_bias=False)(inputs)
+    x = layers.ReLU()(layers.BatchNormalization()(x))
+    for filters, stride in ((24, 1), (48, 2)):
+        y = layers.Conv3D(filters, 3, strides=stride, padding="same", use_bias=False)(x)
+        y = layers.ReLU()(layers.BatchNormalization()(y))
+        y = layers.BatchNormalization()(layers.Conv3D(filters, 3, padding="same",
+                                                      use_bias=False)(y))
+        if stride != 1:
+            x = layers.BatchNormalization()(layers.Conv3D(filters, 1, strides=stride,
+                                                          use_bias=False)(x))
+        x = layers.ReLU()(layers.Add()([x, y]))
+    x = layers.GlobalAveragePooling3D()(x)
+    return keras.Model(inputs, layers.Dense(5)(x), name="r3d")
+
+
 def siamese() -> keras.Model:
     """One convolutional encoder shared by two 48 x 48 images, the absolute
     difference of their codes, a sigmoid, binary cross-entropy."""
@@ -1943,6 +1988,7 @@ UNMAPPED = {f.__name__: f for f in (fnet, capsnet, inceptionresnet, resizer, pre
 UNSURVEYED = {f.__name__: f for f in (senet, siren, swiglu, bigruattn)}
 UNEXAMINED = {f.__name__: f for f in (dualencoder, dcn, distill, hypernet, focalcnn)}
 KERAS_IO = {f.__name__: f for f in (xceptionsmall, texttransformer, tstransformer)}
+VOLUMES = {f.__name__: f for f in (video, unet3d, c3d, ae3d, r3d)}
 
 
 # --- large models, estimated without building their weights ------------------

@@ -1164,6 +1164,7 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             passes = []
         is_view = op.type in VIEW_OPS or _identity_arithmetic(op) or _folded_transpose(op)
         workspace_for: dict[str, int] = {}
+        fwd_conv = 0
         if op.type == "Conv2D" and len(inputs) >= 2:
             filt, inp = _col_buffers(op, op.outputs[0], op.inputs[1])
             workspace_for = {inputs[0]: inp, inputs[1]: filt}
@@ -1175,6 +1176,15 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             # inputs and a 3 x 3 x 32 x 32 kernel); its input gradient is a
             # forward convolution, without a column buffer
             filt, _ = _col_buffers(op, op.inputs[2], op.inputs[1])
+            workspace_for = {ref[op.inputs[1].name]: filt}
+        elif op.type == "Conv3D" and len(inputs) >= 2:
+            filt, inp = _conv3d_col_buffers(op, op.inputs[0], op.outputs[0], op.inputs[1])
+            workspace_for = {inputs[0]: inp, inputs[1]: filt}
+        elif (op.type == "Conv3DBackpropInputV2" and op.inputs[1].name in ref
+              and op.inputs[2].name in ref):
+            # a transposed Conv3D: the input-gradient kernel's buffer while it
+            # runs forward, the filter gradient's in the backward pass
+            filt, fwd_conv = _conv3d_col_buffers(op, op.outputs[0], op.inputs[2], op.inputs[1])
             workspace_for = {ref[op.inputs[1].name]: filt}
         bwd_ws = 0
         pooling: dict[str, object] = {}
@@ -1189,7 +1199,7 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
                                     _elements(op.outputs[0]), ref.get(op.inputs[0].name))
             bwd_ws = pooling.pop("backward_workspace_bytes")
         bwd_ws += xla_backward.get(op.name, 0)
-        fwd_ws = 0
+        fwd_ws = fwd_conv
         if op.type == "Einsum" and all(x.shape.is_fully_defined() for x in op.inputs):
             fwd_ws = einsum_workspace(op.get_attr("equation").decode(),
                                       [tuple(int(d) for d in x.shape) for x in op.inputs],
@@ -1928,6 +1938,19 @@ def _col_buffers(op: Any, out: Any, kernel: Any) -> tuple[int, int]:
     return col_buffers(tuple(int(d) for d in out.shape), tuple(int(d) for d in kernel.shape),
                        "channels_first" if fmt == "NCHW" else "channels_last",
                        op.outputs[0].dtype.size, op.outputs[0].dtype.name)
+
+
+def _conv3d_col_buffers(op: Any, inp: Any, out: Any, kernel: Any) -> tuple[int, int]:
+    """``rules.conv.conv3d_col_buffers`` of a Conv3D from ``inp`` to ``out``
+    (the convolution a transposed one transposes: its output to its input)
+    with this kernel, in the op's dtype."""
+    from .rules.conv import conv3d_col_buffers
+
+    def shape(t: Any) -> tuple[int, ...]:
+        return tuple(int(d) for d in t.shape)
+
+    return conv3d_col_buffers(shape(inp), shape(out), shape(kernel), op.outputs[0].dtype.size,
+                              op.outputs[0].dtype.name)
 
 
 def _variables(layer: Any) -> tuple[list[Any], list[Any]]:

@@ -105,6 +105,54 @@ def col_buffers(out_shape: tuple[int, ...], kernel_shape: tuple[int, ...],
     return filt * itemsize, inp * itemsize
 
 
+#: TensorFlow's CPU Conv3D gradient kernels fall back on Eigen's contraction,
+#: which takes nothing from the allocator, where their column buffer would
+#: be more than this many times the elements of the op's three tensors
+#: (``kMaxTempAllocationOverhead``, integer division, in conv_grad_ops_3d.cc)
+_MAX_3D_OVERHEAD = 25
+
+
+def conv3d_col_buffers(in_shape: tuple[int, ...], out_shape: tuple[int, ...],
+                       kernel_shape: tuple[int, ...], itemsize: int = 4,
+                       dtype: str = "float32") -> tuple[int, int]:
+    """Temporary bytes of (filter gradient, input gradient) of a Conv3D from
+    ``in_shape`` to ``out_shape`` (channels last) on the CPU.
+
+    TensorFlow's Conv3D gradient kernels run im2col over ``shard`` volumes
+    at a time into a buffer of ``shard x image x filter_total`` elements
+    (``image``: the output's voxels; ``filter_total``: k_d*k_h*k_w*in), the
+    full shard whatever the batch, with ``shard = ceil(L3 / itemsize /
+    work)`` for the L3 size Eigen reads (:func:`~keras_memscope.devices.eigen_l3_bytes`)
+    and ``work`` the three matrices of one volume's product; the input
+    gradient takes one volume's at batch 1. Where that buffer is more than
+    25 times the elements of the input, filter and output, the kernel uses
+    Eigen's contraction instead and allocates none; so does the filter
+    gradient in float16. Allocator traces on an AMD EPYC (Eigen's L3 320
+    MiB) of the video network's first Conv3D (8 x 32 x 32 x 3 -> 16, 3 x 3
+    x 3): no buffer at batch 8 (56 times its tensors), 268.3 MiB (106
+    volumes) at batch 32 (14 times). Where TensorFlow runs oneDNN's kernels
+    for ``dtype``: none."""
+    from ..devices import cpu_onednn_runs, eigen_l3_bytes
+
+    if cpu_onednn_runs(dtype):
+        return 0, 0
+    batch = out_shape[0]
+    image = math.prod(out_shape[1:-1])
+    filter_total = math.prod(kernel_shape[:-1])
+    out_depth = kernel_shape[-1]
+    work = image * filter_total + image * out_depth + filter_total * out_depth
+    tensors = math.prod(in_shape) + math.prod(kernel_shape) + math.prod(out_shape)
+    full_shard = -(-(eigen_l3_bytes() // itemsize) // work)
+
+    def buffer(shard: int, custom: bool) -> int:
+        elements = shard * image * filter_total
+        return elements * itemsize if custom and elements // tensors <= _MAX_3D_OVERHEAD else 0
+
+    return (buffer(full_shard, dtype in ("float32", "float64", "bfloat16")),
+            buffer(1 if batch == 1 else full_shard,
+                   dtype in ("float16", "float32", "float64", "bfloat16")))
+
+
 def _finish(b: Builder, call: CallRecord, z: str) -> list[Prim]:
     z = apply_activation(b, activation_name(getattr(call.layer, "activation", None)), z,
                          call.outputs[0].nbytes)
@@ -117,7 +165,12 @@ def conv(call: CallRecord) -> list[Prim]:
     b = Builder(call)
     z = linear_prims(b, "in0", weight_ref(call, "kernel"), weight_ref(call, "bias"),
                      call.outputs[0].nbytes, conv_macs(call), compute_dtype(call), name="conv")
-    filt, inp = conv_backward_workspace(call)
+    if isinstance(call.layer, keras.layers.Conv3D):
+        dtype = compute_dtype(call)
+        filt, inp = conv3d_col_buffers(call.inputs[0].shape, call.outputs[0].shape,
+                                       tuple(call.layer.kernel.shape), dtype_bytes(dtype), dtype)
+    else:
+        filt, inp = conv_backward_workspace(call)
     _with_workspace(b, "conv", inp, filt)
     return _finish(b, call, z)
 
@@ -140,14 +193,20 @@ def conv_transpose(call: CallRecord) -> list[Prim]:
     z = linear_prims(b, "in0", weight_ref(call, "kernel"), weight_ref(call, "bias"),
                      call.outputs[0].nbytes, conv_transpose_macs(call), compute_dtype(call),
                      name="conv_transpose")
-    if not isinstance(call.layer, keras.layers.Conv3DTranspose):
-        # the filter gradient of the convolution it transposes, whose output
-        # is this layer's input; the input gradient is a forward convolution
-        fmt = getattr(call.layer, "data_format", "channels_last")
-        dtype = compute_dtype(call)
-        filt, _ = col_buffers(call.inputs[0].shape, tuple(call.layer.kernel.shape), fmt,
-                              dtype_bytes(dtype), dtype)
-        _with_workspace(b, "conv_transpose", 0, filt)
+    # the filter gradient of the convolution it transposes, whose output
+    # is this layer's input; the input gradient is a forward convolution
+    fmt = getattr(call.layer, "data_format", "channels_last")
+    dtype = compute_dtype(call)
+    kernel = tuple(call.layer.kernel.shape)
+    if isinstance(call.layer, keras.layers.Conv3DTranspose):
+        # run forward by the Conv3D input-gradient kernel, with its buffer
+        filt, forward = conv3d_col_buffers(call.outputs[0].shape, call.inputs[0].shape, kernel,
+                                           dtype_bytes(dtype), dtype)
+        b.prims = [Prim(**{**p.__dict__, "forward_workspace_bytes": forward})
+                   if p.name == "conv_transpose" else p for p in b.prims]
+    else:
+        filt, _ = col_buffers(call.inputs[0].shape, kernel, fmt, dtype_bytes(dtype), dtype)
+    _with_workspace(b, "conv_transpose", 0, filt)
     return _finish(b, call, z)
 
 
