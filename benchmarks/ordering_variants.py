@@ -73,7 +73,10 @@ place:
   its second input gradient on the second thread, holding what it reads
   till it ends, on every CPU (``keras_memscope.schedule.
   PRODUCT_GRADIENTS_SIDE_BY_SIDE``; adopted where TensorFlow runs its own
-  kernels, whose products' speeds the ordering speeds have).
+  kernels, whose products' speeds the ordering speeds have);
+* ``loop-gradient-one-op``: a recurrent loop's weight gradients end with
+  its input gradient, and what it saved goes then
+  (``keras_memscope.schedule.LOOP_GRADIENT_ONE_OP``).
 """
 
 from __future__ import annotations
@@ -89,7 +92,7 @@ from typing import Any
 VARIANTS = ("first-chunk", "matmul-shapes", "onednn-speeds", "ratio", "add-pass-through",
             "read-together", "update-busy", "onednn-conv-ratios", "weight-gradient-first",
             "timed-copies", "six-steps", "updates-take-time", "saved-inputs-donate",
-            "per-prim-workspace", "products-side-by-side")
+            "per-prim-workspace", "products-side-by-side", "loop-gradient-one-op")
 #: the kernels ``weight-gradient-first`` starts first
 FIRST_KERNELS = frozenset({"conv", "conv_transpose", "matmul"})
 #: the variants that set a switch of ``keras_memscope.schedule``: its name and value
@@ -101,6 +104,7 @@ SCHEDULE_SWITCHES: dict[str, tuple[str, Any]] = {
     "read-together": ("SIDE_BY_SIDE_GRADIENTS", True),
     "saved-inputs-donate": ("SAVED_INPUTS_DONATE", True),
     "products-side-by-side": ("PRODUCT_GRADIENTS_SIDE_BY_SIDE", True),
+    "loop-gradient-one-op": ("LOOP_GRADIENT_ONE_OP", True),
 }
 
 G = 1e9

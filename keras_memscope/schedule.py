@@ -346,6 +346,16 @@ UPDATES_TAKE_TIME = False
 #: saved-inputs-donate``) and not adopted: benchmarks/RESULTS.md, "A GELU
 #: gradient written into its forward tensors (tried, not adopted)".
 SAVED_INPUTS_DONATE = False
+
+#: Whether a recurrent loop's gradient is one op whose weight gradients end
+#: with its input gradient (it sums them inside the loop), what the loop
+#: saved going then, before the next layer's gradient starts. True mends two
+#: stacked SimpleRNN (17.2 MiB -> 14.2 against 14.3 measured) and the GRUs,
+#: but runs a Bidirectional layer's two loops one after the other, where
+#: TensorFlow runs them side by side (bilstm b32 Adam -20.4% -> -29.9%):
+#: tried (``--variants loop-gradient-one-op``), not adopted;
+#: benchmarks/RESULTS.md, "Stacked recurrent layers".
+LOOP_GRADIENT_ONE_OP = False
 #: Whether an element-wise prim whose weight gradient is a product summed
 #: down to the weight (a learned scale's ``w * x``: ``Prim.workspace_for``
 #: on the weight) writes no input gradient into its output gradient: the
@@ -1462,7 +1472,8 @@ def simulate(
             # an XLA-compiled gradient (Prim.always_grads: a grouped
             # convolution's on the CPU) is one op that writes every gradient
             # when it ends: no weight gradient runs on after it
-            one_op = bool(times and wts and p.always_grads)
+            one_op = bool(times and wts and (p.always_grads or (LOOP_GRADIENT_ONE_OP
+                                                                and p.backlog_parts)))
             first_job, ended_first = None, False
             if (times and wts and xts and not one_op
                     and costs[i_flat].kernel in WEIGHT_GRADIENT_FIRST

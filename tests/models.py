@@ -457,3 +457,11 @@ def raw_text(vectorize: bool = True) -> keras.Model:
     vectorizer = layers.TextVectorization(max_tokens=2000, output_sequence_length=64)
     vectorizer.adapt(np.array([f"w{i} w{i + 1} w{i + 2}" for i in range(500)]))
     return keras.Model(text, text_body(vectorizer(text)), name="raw_text")
+
+
+def stacked_simple_rnn() -> keras.Model:
+    """Two stacked SimpleRNN (128 units returning the sequence, then 64) over
+    100 steps of 32 features, Dense 10."""
+    return keras.Sequential([keras.Input((100, 32)),
+                             layers.SimpleRNN(128, return_sequences=True),
+                             layers.SimpleRNN(64), layers.Dense(10)], name="stacked_rnn")

@@ -810,6 +810,31 @@ def test_conv3d_gradients_against_measurement(monkeypatch):
                 batch, method, est.peak_bytes, measured.step_peak_bytes)
 
 
+def test_transposes_between_stacked_loops_allocate_nothing(monkeypatch):
+    """Two stacked SimpleRNN at batch 64: the allocator trace (``python -m
+    benchmarks.allocation_trace --model tests.models:stacked_simple_rnn
+    --batch 64 --optimizer adam --steps 2 --min-kib 512``, TensorFlow's own
+    kernels) has the first loop's 3.125 MiB sequence stacked once and read
+    by the second loop's unstack, and one 3.125 MiB gradient stack: no
+    transposed copy of either (grappler removes the transposes to
+    batch-major and back). The estimate's transposes are views: the
+    forward pass allocates nothing between the loops."""
+    from keras_memscope import devices
+
+    from .models import stacked_simple_rnn
+
+    monkeypatch.setattr(devices, "cpu_uses_onednn", lambda: False)
+    est = memscope.estimate(stacked_simple_rnn(), 64, optimizer="adam", device="cpu")
+    forward = [t for t in est.timeline if t.phase == "forward"]
+    k = next(i for i, t in enumerate(forward) if t.event == "to_batch_major")
+    assert forward[k + 1].event == "to_time_major"
+    assert forward[k].high_bytes == forward[k + 1].high_bytes == forward[k - 1].live_bytes
+    backward = [t for t in est.timeline if t.phase == "backward"
+                and t.event in ("to_batch_major", "to_time_major")]
+    assert len(backward) == 2
+    assert all(t.high_bytes == t.live_bytes for t in backward), backward
+
+
 def test_input_gradient_buffer_against_tensorflows_fixed_cache_size(monkeypatch):
     """TensorFlow's CPU input-gradient kernel contracts one image at a time
     (a one-image column buffer) when a thread's share of one image's work
