@@ -346,7 +346,6 @@ UPDATES_TAKE_TIME = False
 #: saved-inputs-donate``) and not adopted: benchmarks/RESULTS.md, "A GELU
 #: gradient written into its forward tensors (tried, not adopted)".
 SAVED_INPUTS_DONATE = False
-
 #: Whether a recurrent loop's gradient is one op whose weight gradients end
 #: with its input gradient (it sums them inside the loop), what the loop
 #: saved going then, before the next layer's gradient starts. True mends two
