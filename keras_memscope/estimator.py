@@ -221,8 +221,9 @@ def _cancel_transposes(ops: list[LayerOp], model_outputs: set[int]) -> list[Laye
         for t in set(op.inputs):
             readers.setdefault(t, []).append(op)
 
-    def first(op: LayerOp, name: str) -> bool:
-        return bool(op.prims) and op.prims[0].name == name and op.prims[0].inputs == ("in0",)
+    def first(op: LayerOp) -> bool:
+        return (bool(op.prims) and op.prims[0].name == "to_time_major"
+                and op.prims[0].inputs == ("in0",))
 
     def last(op: LayerOp) -> bool:
         return (len(op.outputs) == 1 and bool(op.prims) and op.prims[-1].name == "to_batch_major"
@@ -233,7 +234,7 @@ def _cancel_transposes(ops: list[LayerOp], model_outputs: set[int]) -> list[Laye
     for op in ops:
         seq = op.outputs[0] if op.outputs else None
         if (seq is not None and last(op) and seq not in model_outputs and readers.get(seq)
-                and all(first(r, "to_time_major") and r.inputs[0] == seq
+                and all(first(r) and r.inputs[0] == seq
                         and seq not in r.inputs[1:] for r in readers[seq])):
             producers.add(op.index)
             consumers.update(r.index for r in readers[seq])

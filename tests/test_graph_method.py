@@ -789,6 +789,33 @@ def test_conv3d_column_buffers_against_the_allocator_trace(monkeypatch):
                               (3, 3, 3, 3, 16))[1] == 8192 * 81 * 4
 
 
+def test_a_convlstm3d_step_takes_conv3d_buffers(monkeypatch):
+    """A ConvLSTM3D's cell runs TensorFlow's Conv3D gradient kernels: one
+    step of 8 filters over 8 x 16 x 16 x 2 at batch 8 would need a column
+    buffer hundreds of times its tensors (with Eigen's L3 at 320 MiB), so
+    the kernels fall back and take none; the 2-D buffers the rule gave
+    before were 27 MiB each (83.3 MiB estimated against 17.6-18.1 measured
+    on an AMD EPYC, TensorFlow's own kernels). At batch 64 with a 2 MiB L3
+    the state convolutions' gradients take theirs: 2 MiB / 4 / work rounded
+    up, 2 volumes of 2048 x 216, one per thread."""
+    import keras
+
+    from keras_memscope import devices
+    from keras_memscope.rules.recurrent import _cell_column_buffers
+
+    layer = keras.layers.ConvLSTM3D(8, 3, padding="same")
+    monkeypatch.setattr(devices, "cpu_uses_onednn", lambda: False)
+    monkeypatch.setattr(devices, "eigen_l3_bytes", lambda: 320 << 20)
+    assert _cell_column_buffers(layer, 8, (8, 16, 16, 8), 2, 8, False, "float32",
+                                (8, 16, 16)) == ()
+    monkeypatch.setattr(devices, "eigen_l3_bytes", lambda: 2 << 20)
+    monkeypatch.setattr(devices, "cpu_cache_facts", lambda: (1 << 20, 2))
+    work = 2048 * 216 + 2048 * 8 + 216 * 8
+    state = -(-(2 << 20) // 4 // work) * 2048 * 216 * 4
+    assert _cell_column_buffers(layer, 64, (8, 16, 16, 8), 2, 8, False, "float32",
+                                (8, 16, 16)) == (state, state)
+
+
 def test_conv3d_gradients_against_measurement(monkeypatch):
     """The video network (two 3 x 3 x 3 Conv3D over 8 frames of 32 x 32 x 3)
     with SGD, TensorFlow's own kernels: at batch 8 (13.0 MiB measured on an

@@ -195,7 +195,6 @@ def conv_transpose(call: CallRecord) -> list[Prim]:
                      name="conv_transpose")
     # the filter gradient of the convolution it transposes, whose output
     # is this layer's input; the input gradient is a forward convolution
-    fmt = getattr(call.layer, "data_format", "channels_last")
     dtype = compute_dtype(call)
     kernel = tuple(call.layer.kernel.shape)
     if isinstance(call.layer, keras.layers.Conv3DTranspose):
@@ -205,6 +204,7 @@ def conv_transpose(call: CallRecord) -> list[Prim]:
         b.prims = [Prim(**{**p.__dict__, "forward_workspace_bytes": forward})
                    if p.name == "conv_transpose" else p for p in b.prims]
     else:
+        fmt = getattr(call.layer, "data_format", "channels_last")
         filt, _ = col_buffers(call.inputs[0].shape, kernel, fmt, dtype_bytes(dtype), dtype)
     _with_workspace(b, "conv_transpose", 0, filt)
     return _finish(b, call, z)

@@ -112,12 +112,14 @@ def conv_lstm(call: CallRecord) -> list[Prim]:
     return _loop(call, steps, channels * spatial_in, filters * positions, 4, 7,
                  macs=steps * batch * positions * 4 * filters * (channels + filters) * taps,
                  kernel_elements=max(channels, filters) * taps * 4 * filters,
-                 column_buffers=_cell_column_buffers(layer, batch, out_map, channels, filters,
-                                                     first, x.dtype))
+                 column_buffers=_cell_column_buffers(
+                     layer, batch, out_map, channels, filters, first, x.dtype,
+                     tuple(x.shape[3:] if first else x.shape[2:-1])))
 
 
 def _cell_column_buffers(layer: object, batch: int, out_map: tuple[int, ...], channels: int,
-                         filters: int, channels_first: bool, dtype: str) -> tuple[int, ...]:
+                         filters: int, channels_first: bool, dtype: str,
+                         in_spatial: tuple[int, ...]) -> tuple[int, ...]:
     """The column buffers a ConvLSTM step's gradient makes, largest first,
     as many as run at once: one per CPU thread.
 
@@ -133,17 +135,31 @@ def _cell_column_buffers(layer: object, batch: int, out_map: tuple[int, ...], ch
     the peak two state ones are alive together, on the two threads (one
     while another kernel's weight gradient still holds the second thread:
     ``Prim.backward_thread_parts``). With oneDNN's kernels there are none:
-    ()."""
+    (). A ConvLSTM3D's (``in_spatial``: a step's input volume) are
+    :func:`~keras_memscope.rules.conv.conv3d_col_buffers`: an allocator-free
+    fallback where they would be more than 25 times the convolution's
+    tensors, as for one step of a small batch (a ConvLSTM3D of 8 filters over
+    4 steps of 8 x 16 x 16 x 2 at batch 8 measured 17.6-18.1 MiB; with the
+    2-D buffers 83.3 MiB was estimated)."""
     from ..devices import cpu_cache_facts
-    from .conv import col_buffers
+    from .conv import col_buffers, conv3d_col_buffers
 
     ksize = tuple(int(k) for k in layer.kernel_size)
     fmt = "channels_first" if channels_first else "channels_last"
     spatial = out_map[1:] if channels_first else out_map[:-1]
     out = (batch, filters, *spatial) if channels_first else (batch, *spatial, filters)
     itemsize = dtype_bytes(dtype)
-    filt_in, _ = col_buffers(out, (*ksize, channels, filters), fmt, itemsize, dtype)
-    filt_state, inp_state = col_buffers(out, (*ksize, filters, filters), fmt, itemsize, dtype)
+    if len(ksize) == 3:
+        # a ConvLSTM3D's cell runs TensorFlow's Conv3D gradient kernels
+        # (channels last on the CPU): their buffers, or none
+        filt_in, _ = conv3d_col_buffers((batch, *in_spatial, channels), out,
+                                        (*ksize, channels, filters), itemsize, dtype)
+        filt_state, inp_state = conv3d_col_buffers(out, out, (*ksize, filters, filters),
+                                                   itemsize, dtype)
+    else:
+        filt_in, _ = col_buffers(out, (*ksize, channels, filters), fmt, itemsize, dtype)
+        filt_state, inp_state = col_buffers(out, (*ksize, filters, filters), fmt, itemsize,
+                                            dtype)
     buffers = sorted((b for b in (*(filt_in,) * 4, *(filt_state,) * 4, *(inp_state,) * 4) if b),
                      reverse=True)
     return tuple(buffers[:max(cpu_cache_facts()[1], 1)])
