@@ -47,7 +47,9 @@ place:
 * ``weight-gradient-first``: a convolution's or matrix product's weight
   gradient that comes while the second thread is busy starts at once, and
   its input gradient waits for a thread
-  (``keras_memscope.schedule.WEIGHT_GRADIENT_FIRST``);
+  (``keras_memscope.schedule.WEIGHT_GRADIENT_FIRST``), in every layer
+  whose executor order is not read (``keras_memscope.executor``: elsewhere
+  that order decides);
 * ``timed-copies``: an update writes its weight into a copy only where the
   simulated times have an input gradient still reading the weight then
   (``keras_memscope.schedule.TIMED_COPIES``), not every time;

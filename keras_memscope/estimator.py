@@ -624,6 +624,21 @@ def estimate(
     backward_time = _ordering_seconds(timing.backward_seconds, ordering, call_dtypes)
     forward_time = _ordering_seconds(timing.forward_seconds, ordering, call_dtypes)
     sparse_sizes, scatters = _sparse_update(_sparse_updater(state, ops, notes) or opt, ops)
+    weight_first = None
+    if method == "graph" and profile.weight_grad_lag > 0 and sharding.devices <= 1:
+        # which of each layer's two gradients the executor starts first
+        from . import executor
+
+        orders = executor.weight_gradient_first(model, batch_size, opt,
+                                                input_shape=input_shape)
+        if orders is not None:
+            weight_first = _weight_first(ops, orders)
+            notes.append(
+                f"the order TensorFlow's executor gives each layer's input and weight "
+                f"gradients is read from grappler's rewrite of the training step: "
+                f"{sum(f[0] for fl in orders.values() for f in fl)} of "
+                f"{sum(len(f) for f in orders.values())} weight "
+                f"gradients start first where the other thread is busy")
     step = functools.partial(
         simulate,
         model_inputs=[t.id for t in graph.inputs],
@@ -653,6 +668,7 @@ def estimate(
             updater.get(key, state), ordering, nbytes),
         steps=profile.simulated_steps if profile.weight_grad_lag > 0 else 1,
         products_timed="gemm_read" in ordering.rates,
+        weight_first=weight_first,
     )
     nominal = step(ops)
     result, history_peaks = nominal, ()
@@ -895,6 +911,29 @@ def _update_seconds(state: Any, ordering: devices.DeviceProfile, nbytes: int) ->
     """One variable's update (``nbytes``) on ``ordering``: it orders the
     updates run beside the last weight gradients in the simulated step."""
     return timing.update_time([nbytes], state.update_kernels, ordering, state.update_allocations)
+
+
+def _weight_first(ops: Sequence[LayerOp], orders: Mapping[int, Sequence[tuple[bool, Any]]]
+                  ) -> frozenset[tuple[int, int]]:
+    """``(layer op index, weight key)`` of each call whose kernel's gradient
+    the executor starts before its input gradient, and of each call whose
+    bias's gradient it starts before (``executor.weight_gradient_first``'s
+    flags, a kernel's calls in the forward pass's order)."""
+    calls: dict[int, int] = {}
+    first = set()
+    for op in ops:
+        for w in op.weights:
+            flags = orders.get(w.key)
+            if flags is None:
+                continue
+            k = calls.get(w.key, 0)
+            calls[w.key] = k + 1
+            if k < len(flags) and flags[k][0]:
+                first.add((op.index, w.key))
+            if k < len(flags) and flags[k][1]:
+                first.update((op.index, b.key) for b in op.weights
+                             if b.trainable and b.path.rsplit("/", 1)[-1] == "bias")
+    return frozenset(first)
 
 
 def _sparse_updater(state: Any, ops: Sequence[LayerOp], notes: list[str]) -> Any:

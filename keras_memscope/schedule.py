@@ -291,7 +291,11 @@ UPDATES_HOLD_THE_THREAD = False
 #: gradient waits for the second thread. Tried with ``{"conv",
 #: "conv_transpose", "matmul"}`` (``benchmarks.ordering_variants --variants
 #: weight-gradient-first``) and not adopted: benchmarks/RESULTS.md, "Weight
-#: copies, the weight gradient first and six simulated steps".
+#: copies, the weight gradient first and six simulated steps". The rule
+#: where the executor's own order is not read (``simulate``'s
+#: ``weight_first`` None); where it is, that order decides, call by call
+#: (``executor.weight_gradient_first``: "Which of a layer's two gradients
+#: runs first").
 WEIGHT_GRADIENT_FIRST: frozenset[str] = frozenset()
 #: Whether a matrix product of two activations (attention's ``scores =
 #: q k^T`` and ``probs v``) computes its two input gradients side by side,
@@ -565,6 +569,7 @@ def simulate(
     update_time: Callable[[int, int], float] | None = None,
     steps: int = 1,
     products_timed: bool = False,
+    weight_first: Collection[tuple[int, int]] | None = None,
 ) -> StepResult:
     """Simulate a warm-up step and ``steps`` measured ones, of which the
     highest is kept; see the module docstring.
@@ -627,8 +632,11 @@ def simulate(
     MLP's kernel gradient beside the next input gradient). A convolution's or
     matrix product's weight gradient that comes while the second stream is
     busy starts at once and its input gradient waits for the first of the
-    two to end where :data:`WEIGHT_GRADIENT_FIRST` names its kernel (by
-    default none). A loop whose gradient holds a buffer per thread running
+    two to end where ``weight_first`` holds its ``(layer op index, weight
+    key)`` (``executor.weight_gradient_first``: where the executor's order
+    puts the weight gradient after the input gradient), or, with
+    ``weight_first`` None, where :data:`WEIGHT_GRADIENT_FIRST` names its
+    kernel (by default none). A loop whose gradient holds a buffer per thread running
     it (``Prim.backward_thread_parts``: a ConvLSTM step's column buffers)
     holds one while a job still runs on the second thread, and all of them
     once the jobs have ended, if they end before it. Without
@@ -1475,7 +1483,10 @@ def simulate(
                                                                 and p.backlog_parts)))
             first_job, ended_first = None, False
             if (times and wts and xts and not one_op
-                    and costs[i_flat].kernel in WEIGHT_GRADIENT_FIRST
+                    and (costs[i_flat].kernel in WEIGHT_GRADIENT_FIRST
+                         if weight_first is None
+                         else any((f.op.index, weight_side[t]) in weight_first
+                                  for t in wts if t in weight_side))
                     and any(j.left > 0 for j in jobs)):
                 # the second thread is busy: the weight gradient starts now,
                 # beside the job running there, and the input gradient waits

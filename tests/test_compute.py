@@ -209,13 +209,20 @@ def test_cpu_profile_knows_which_allocator_reuses_pages(monkeypatch):
     assert devices._cpu_profile().fresh_pages_above is None
 
 
-def test_slow_weight_gradient_outlasts_later_input_gradients():
+def test_slow_weight_gradient_outlasts_later_input_gradients(monkeypatch):
     """On the CPU a weight gradient runs beside the input gradients: when its
     kernel is slow, later layers' input gradients are computed while it (and
     its buffers) are still alive; when fast, it ends first. A GPU runs one
     stream. (16 output channels: a full vector of them, whose filter
-    gradient runs at the rate given on any CPU.)"""
+    gradient runs at the rate given on any CPU.) Where the executor's order
+    puts each weight gradient last (as TensorFlow's rewrite of this step
+    does), a layer whose gradients come while the other thread is busy runs
+    its weight gradient first and its input gradient after the first of the
+    two ends: the slow weight gradient then ends before the next input
+    gradient starts."""
     import dataclasses
+
+    from keras_memscope import executor
 
     model = keras.Sequential(
         [keras.Input((32, 32, 8))]
@@ -234,6 +241,11 @@ def test_slow_weight_gradient_outlasts_later_input_gradients():
         c2_inputs = events.index(("c2", "Conv2D"))
         return c3_weights > c2_inputs
 
+    orders = executor.weight_gradient_first(model, 8, "sgd")
+    assert orders is not None and all(o == ((True, True),) for o in orders.values())
+    assert not run(1e9)
+    # every input gradient first (the order where it cannot be read)
+    monkeypatch.setattr(executor, "weight_gradient_first", lambda *a, **k: None)
     assert run(1e9)  # 100 times slower than the input gradients: outlasts them
     assert not run(1e12)
     assert not run(1e9, memscope.devices.get_device("a100-40gb"))

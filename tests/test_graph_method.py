@@ -1034,11 +1034,14 @@ def _nominal_step(monkeypatch, seconds: dict[int, tuple[float, float]],
     weight-gradient FLOPs and every other prim none; the simulated times
     decide the copies (``schedule.TIMED_COPIES``), and with ``first`` a
     matrix product's weight gradient starts first while the second thread is
-    busy (``schedule.WEIGHT_GRADIENT_FIRST``). Both were tried and not
-    adopted (benchmarks/RESULTS.md)."""
+    busy (``schedule.WEIGHT_GRADIENT_FIRST``, the rule where the executor's
+    order is not read: here it is not). Both were tried and not adopted
+    (benchmarks/RESULTS.md); the executor's order, read where it can be,
+    decides call by call (``executor.weight_gradient_first``)."""
     from benchmarks.step_phases import simulations
-    from keras_memscope import devices, schedule, timing
+    from keras_memscope import devices, executor, schedule, timing
 
+    monkeypatch.setattr(executor, "weight_gradient_first", lambda *a, **k: None)
     monkeypatch.setattr(timing, "backward_seconds",
                         lambda c, *rest: seconds.get(c.backward_weight_flops, (0.0, 0.0))
                         if c.kernel == "matmul" else (0.0, 0.0))
