@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import json
 import logging
 import math
 import os
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -74,19 +76,55 @@ def weight_gradient_first(model: Any, batch_size: int, optimizer: Any, *, input_
     caller then keeps its own rule."""
     from keras.src.backend.common import global_state
 
+    key = _cache_key(model, batch_size, optimizer, input_shape)
+    try:
+        cached = _ORDERS.get(model, {})
+    except TypeError:  # (a model that cannot be weakly referenced)
+        cached = {}
+    if key is not None and key in cached:
+        return cached[key]
     # (the fresh optimizer and loss tracker take no names from the user's)
     names = global_state.get_global_attribute("object_name_uids")
     kept = dict(names) if names is not None else None
     try:
-        return _weight_gradient_first(model, batch_size, optimizer, input_shape)
+        found = _weight_gradient_first(model, batch_size, optimizer, input_shape)
     except Exception as exc:  # the order is a refinement: never fail the estimate
         logger.info("executor order not read (%s: %s)", type(exc).__name__, exc)
-        return None
+        found = None
     finally:
         names = global_state.get_global_attribute("object_name_uids")
         if names is not None:
             names.clear()
             names.update(kept or {})
+    if key is not None:
+        with contextlib.suppress(TypeError):
+            _ORDERS.setdefault(model, {})[key] = found
+    return found
+
+
+#: What was read, by model (weakly) and ``_cache_key``: an estimate of the
+#: same model, optimizer and batch again traces nothing.
+_ORDERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _cache_key(model: Any, batch_size: int, optimizer: Any, input_shape: Any) -> str | None:
+    """The batch, the optimizer's configuration, the input shape and which
+    variables are trainable now, as text; None where the optimizer's
+    configuration cannot be written."""
+    import keras
+
+    try:
+        config = (optimizer if isinstance(optimizer, str)
+                  else keras.optimizers.serialize(optimizer))
+        if isinstance(config, dict) and isinstance(config.get("config"), dict):
+            # (an optimizer's name says nothing of its step: each new one differs)
+            config = {**config, "config": {k: v for k, v in config["config"].items()
+                                           if k != "name"}}
+        return json.dumps([batch_size, config, repr(input_shape),
+                           [id(v) for v in model.trainable_weights]],
+                          sort_keys=True, default=repr)
+    except Exception:
+        return None
 
 
 def _fresh_optimizer(optimizer: Any) -> Any:

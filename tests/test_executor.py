@@ -106,3 +106,18 @@ def test_reading_the_order_takes_no_names_from_the_user():
     # is named as the first after a clear session
     assert executor.weight_gradient_first(model, 8, "sgd") is not None
     assert keras.optimizers.SGD().name == first
+
+
+def test_the_order_is_read_once_per_model_optimizer_and_batch(monkeypatch):
+    model = _small_model()
+    calls = []
+    real = executor._weight_gradient_first
+    monkeypatch.setattr(executor, "_weight_gradient_first",
+                        lambda *a: calls.append(a[1:]) or real(*a))
+    first = executor.weight_gradient_first(model, 8, keras.optimizers.SGD())
+    # another instance of the same configuration (another name): read already
+    assert executor.weight_gradient_first(model, 8, keras.optimizers.SGD()) == first
+    executor.weight_gradient_first(model, 16, "sgd")
+    model.layers[1].trainable = False  # another set of trainable weights
+    executor.weight_gradient_first(model, 16, "sgd")
+    assert [c[0] for c in calls] == [8, 16, 16]
