@@ -18,9 +18,11 @@ layer to layer (a SENet's eight convolutions: five one way, three the other).
 Keras' training step traced for the batch, with a fresh optimizer of the same
 configuration, given to grappler as the runtime gives a function (resource
 arguments with their variables' shapes, return values and stateful ops kept),
-its nodes put in the constructor's order. On the zoo and the SENet, ResNet-50,
-U-Net, siamese and MobileNetV2 configurations it gives the runtime's order for
-every one of 164 pairs (``run_metadata``'s optimized graph of a real step).
+its nodes put in the constructor's order. Against the graph the runtime
+builds for a real step (``run_metadata``'s optimized function graph) it gives
+the same order for 188 of 189 pairs of ten zoo configurations (``python -m
+benchmarks.executor_order``; the one other: a separable convolution's
+pointwise pair under Adafactor).
 """
 
 from __future__ import annotations
