@@ -6,9 +6,9 @@ traced training step, without running it. This runs one real step of each
 named zoo configuration (``train_on_batch`` under ``run_metadata``, a step of
 the batch given) and reads the same flags off the graph the runtime built
 (its optimized function graph, nodes in id order); it prints, per
-configuration, how many gradient pairs agree. A pair is keyed by its input
-gradient's op name with the name scopes' numeric suffixes dropped (a shared
-layer's calls: one list, in the graph's order).
+configuration, how many gradient pairs agree (``executor._pairs`` on both
+graphs, each weight named as the runtime names its function argument; a
+shared layer's calls: one list, in the forward pass's order).
 
     python -m benchmarks.executor_order senet:8:sgd-nesterov mlp:256:sgd ...
 """
@@ -19,7 +19,7 @@ import argparse
 import os
 import re
 import sys
-from collections import Counter, defaultdict
+from collections import Counter
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -28,56 +28,10 @@ DEFAULT = ["senet:8:sgd-nesterov", "mlp:256:sgd", "cnn:128:adam", "resnet50:16:s
            "mobilenetv2:8:adam", "sepspatial:32:adafactor"]
 
 
-def _key(name: str) -> str:
-    scope = name.split("gradient_tape/", 1)[-1].rsplit("/", 1)[0]
-    return re.sub(r"_\d+(?=/|$)", "", scope)
-
-
-def flags_by_name(nodes: list) -> dict[str, list[tuple[bool, bool | None]]]:
-    """Each pair's (kernel, bias) flags (``executor._pairs``'s, keyed by the
-    input gradient's scope): whether the weight and the bias gradient come
-    after the input gradient among the output gradient's readers."""
-    by_name = {n.name: n for n in nodes}
-
-    def reads_weight(node) -> bool:
-        """Whether a product reads a variable (through casts and views)."""
-        for name in node.input[:2]:
-            src = by_name.get(name.lstrip("^").split(":")[0])
-            for _ in range(8):
-                if src is None or src.op == "ReadVariableOp":
-                    break
-                src = (by_name.get(src.input[0].lstrip("^").split(":")[0])
-                       if src.op in ("Cast", "Identity", "Reshape") and src.input else None)
-            if src is not None:
-                return True
-        return False
-
-    readers = defaultdict(list)
-    for position, node in enumerate(nodes):
-        for name in node.input:
-            if not name.startswith("^"):
-                base, _, port = name.partition(":")
-                readers[(base, port or "0")].append((position, node))
-    out = defaultdict(list)
-    for read in readers.values():
-        inputs, weights, biases = [], [], []
-        for position, node in read:
-            if "gradient_tape" not in node.name:
-                continue
-            if "BackpropInput" in node.op:
-                inputs.append((position, node))
-            elif "BackpropFilter" in node.op:
-                weights.append(position)
-            elif node.op == "BiasAddGrad":
-                biases.append(position)
-            elif node.op in ("MatMul", "BatchMatMulV2", "BatchMatMulV3"):
-                (inputs.append((position, node)) if reads_weight(node)
-                 else weights.append(position))
-        if len(inputs) == 1 and len(weights) == 1:
-            (at, node), = inputs
-            out[_key(node.name)].append(
-                (weights[0] > at, biases[0] > at if len(biases) == 1 else None))
-    return dict(out)
+def _argument(name: str) -> str:
+    """A captured variable's placeholder name as the runtime names the
+    function argument it becomes (``a/B_1/c`` -> ``a_b_1_c``)."""
+    return re.sub(r"[^a-z0-9_]", "_", name.lower())
 
 
 def runtime_graph(model, x, y):
@@ -108,11 +62,14 @@ def compare(model_name: str, batch: int, optimizer: str) -> tuple[int, int, list
     keras.utils.clear_session()
     model = zoo.named(model_name)
     function, variables = executor._step_graph(model, batch, named_optimizer(optimizer), None)
-    graph_def, _ = executor._runtime_graph_def(function, variables)
-    traced = flags_by_name(executor.constructor_order(list(graph_def.node)))
+    graph_def, variable_of = executor._runtime_graph_def(function, variables)
+    traced = executor._pairs(executor.constructor_order(list(graph_def.node)),
+                             {name: _argument(name) for name in variable_of})
     x, y, loss = synthetic_batch(model, batch, loss=getattr(model, "loss", None))
     model.compile(optimizer=named_optimizer(optimizer), loss=loss, jit_compile=False)
-    runtime = flags_by_name(list(runtime_graph(model, x, y).node))
+    graph = runtime_graph(model, x, y)
+    runtime = executor._pairs(list(graph.node),
+                              {n.name: n.name for n in graph.node if n.op == "_Arg"})
     keys = set(traced) | set(runtime)
     same = sum(sum((Counter(traced.get(k, [])) & Counter(runtime.get(k, []))).values())
                for k in keys)

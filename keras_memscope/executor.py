@@ -32,12 +32,12 @@ import heapq
 import json
 import logging
 import math
-import os
 import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .devices import _cpu_available_bytes
 from .units import dtype_bytes
 
 logger = logging.getLogger(__name__)
@@ -55,13 +55,6 @@ _READS = {"ReadVariableOp", "Cast", "Identity", "Reshape"}
 #: The share of the machine's available memory a fresh optimizer's variables
 #: may take while the step is traced; above it the order is not read.
 MEMORY_SHARE = 0.25
-
-
-def _available_bytes() -> int | None:
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def weight_gradient_first(model: Any, batch_size: int, optimizer: Any, *, input_shape: Any = None
@@ -166,7 +159,7 @@ def _step_graph(model: Any, batch_size: int, optimizer: Any, input_shape: Any,
             opt.build(weights)
     else:
         slot_bytes = 3 * sum(math.prod(v.shape) * dtype_bytes(v.dtype) for v in weights)
-        available = _available_bytes()
+        available = _cpu_available_bytes()
         if available is not None and slot_bytes > MEMORY_SHARE * available:
             raise MemoryError(f"a fresh optimizer's variables (up to {slot_bytes} bytes) "
                               f"would take more than a quarter of the {available} available")
