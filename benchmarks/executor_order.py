@@ -11,6 +11,12 @@ graphs, each weight named as the runtime names its function argument; a
 shared layer's calls: one list, in the forward pass's order).
 
     python -m benchmarks.executor_order senet:8:sgd-nesterov mlp:256:sgd ...
+
+With ``--batches`` it runs no step: it traces each configuration at batches
+1, B and 3 x B and says whether the three give the same flags (the order is
+kept per model and optimizer, whatever the batch).
+
+    python -m benchmarks.executor_order --batches
 """
 
 from __future__ import annotations
@@ -77,22 +83,52 @@ def compare(model_name: str, batch: int, optimizer: str) -> tuple[int, int, list
     return sum(len(v) for v in runtime.values()), same, differ
 
 
+def same_at_batches(model_name: str, batch: int, optimizer: str) -> tuple[bool, int | None]:
+    """Whether the traced flags at batches 1, ``batch`` and 3 x ``batch``
+    are the same, and how many pairs there are (None: the order is not read)."""
+    import keras
+
+    from keras_memscope import executor
+
+    from . import zoo
+    from .accuracy import named_optimizer
+
+    keras.utils.clear_session()
+    model = zoo.named(model_name)
+    found = []
+    for b in (1, batch, 3 * batch):
+        executor._ORDERS.clear()  # (traced afresh: the order is kept whatever the batch)
+        found.append(executor.weight_gradient_first(model, b, named_optimizer(optimizer)))
+    pairs = None if found[1] is None else sum(len(v) for v in found[1].values())
+    return found[0] == found[1] == found[2], pairs
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("configs", nargs="*", default=DEFAULT,
                         help="model:batch:optimizer (zoo names; default: ten)")
+    parser.add_argument("--batches", action="store_true",
+                        help="trace at batches 1, B and 3 x B, no step run: the same flags?")
     args = parser.parse_args(argv)
     total = agree = 0
     for config in args.configs:
         parts = config.split(":")
         if len(parts) != 3 or not parts[1].isdigit():
             parser.error(f"{config!r}: expected model:batch:optimizer")
+        if args.batches:
+            same_flags, count = same_at_batches(parts[0], int(parts[1]), parts[2])
+            total += 1
+            agree += same_flags
+            print(f"{config}: {'the same' if same_flags else 'NOT the same'} at batches "
+                  f"1, {parts[1]} and {3 * int(parts[1])} "
+                  f"({'order not read' if count is None else f'{count} pairs'})", flush=True)
+            continue
         pairs, same, differ = compare(parts[0], int(parts[1]), parts[2])
         total += pairs
         agree += same
         print(f"{config}: {same} of {pairs} pairs in the runtime's order"
               + (f"; differ: {', '.join(differ[:6])}" if differ else ""), flush=True)
-    print(f"all: {agree} of {total}")
+    print(f"all: {agree} of {total}" + (" configurations" if args.batches else ""))
     return 0 if agree == total else 1
 
 

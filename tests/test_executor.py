@@ -108,7 +108,15 @@ def test_reading_the_order_takes_no_names_from_the_user():
     assert keras.optimizers.SGD().name == first
 
 
-def test_the_order_is_read_once_per_model_optimizer_and_batch(monkeypatch):
+def test_the_order_is_the_same_at_any_batch():
+    model = _small_model()
+    # (traced afresh each time, no cache)
+    at = {b: executor._weight_gradient_first(model, b, keras.optimizers.SGD(), None)
+          for b in (1, 32)}
+    assert at[1] is not None and at[1] == at[32]
+
+
+def test_the_order_is_read_once_per_model_and_optimizer(monkeypatch):
     model = _small_model()
     calls = []
     real = executor._weight_gradient_first
@@ -117,7 +125,10 @@ def test_the_order_is_read_once_per_model_optimizer_and_batch(monkeypatch):
     first = executor.weight_gradient_first(model, 8, keras.optimizers.SGD())
     # another instance of the same configuration (another name): read already
     assert executor.weight_gradient_first(model, 8, keras.optimizers.SGD()) == first
-    executor.weight_gradient_first(model, 16, "sgd")
+    # another batch: the same order, read already
+    assert executor.weight_gradient_first(model, 16, keras.optimizers.SGD()) == first
+    executor.weight_gradient_first(model, 16, keras.optimizers.Adam())
     model.layers[1].trainable = False  # another set of trainable weights
-    executor.weight_gradient_first(model, 16, "sgd")
-    assert [c[0] for c in calls] == [8, 16, 16]
+    executor.weight_gradient_first(model, 16, keras.optimizers.Adam())
+    assert [(c[0], type(c[1]).__name__) for c in calls] == [(8, "SGD"), (16, "Adam"),
+                                                             (16, "Adam")]
