@@ -78,7 +78,11 @@ place:
   kernels, whose products' speeds the ordering speeds have);
 * ``loop-gradient-one-op``: a recurrent loop's weight gradients end with
   its input gradient, and what it saved goes then
-  (``keras_memscope.schedule.LOOP_GRADIENT_ONE_OP``).
+  (``keras_memscope.schedule.LOOP_GRADIENT_ONE_OP``);
+* ``dense-transposed-reads``: a Dense layer's input gradient ``dy @ W^T``
+  reads its kernel transposed, at ``NOMINAL_TRANSPOSED_READ_BYTES_S`` more
+  per byte on TensorFlow's own kernels
+  (``keras_memscope.tfgraph.DENSE_TRANSPOSED_READS``).
 """
 
 from __future__ import annotations
@@ -94,7 +98,8 @@ from typing import Any
 VARIANTS = ("first-chunk", "matmul-shapes", "onednn-speeds", "ratio", "add-pass-through",
             "read-together", "update-busy", "onednn-conv-ratios", "weight-gradient-first",
             "timed-copies", "six-steps", "updates-take-time", "saved-inputs-donate",
-            "per-prim-workspace", "products-side-by-side", "loop-gradient-one-op")
+            "per-prim-workspace", "products-side-by-side", "loop-gradient-one-op",
+            "dense-transposed-reads")
 #: the kernels ``weight-gradient-first`` starts first
 FIRST_KERNELS = frozenset({"conv", "conv_transpose", "matmul"})
 #: the variants that set a switch of ``keras_memscope.schedule``: its name and value
@@ -151,9 +156,13 @@ def variants(names: Sequence[str], ratio_sigma: float = 0.22) -> Iterator[None]:
         if name in switches:
             setattr(schedule, *switches[name])
     saved_per_prim = tfgraph.PER_PRIM_WORKSPACE
+    saved_dense = tfgraph.DENSE_TRANSPOSED_READS
     if "per-prim-workspace" in names:
         tfgraph.PER_PRIM_WORKSPACE = True
         tfgraph._CACHE.clear()  # (traced before with the switch off)
+    if "dense-transposed-reads" in names:
+        tfgraph.DENSE_TRANSPOSED_READS = True
+        tfgraph._CACHE.clear()
     if "six-steps" in names:
         devices._cpu_profile = lambda: dataclasses.replace(saved_cpu(), simulated_steps=6)
     if "onednn-speeds" in names:
@@ -196,8 +205,10 @@ def variants(names: Sequence[str], ratio_sigma: float = 0.22) -> Iterator[None]:
         for attr, value in saved_switches.items():
             setattr(schedule, attr, value)
         devices._cpu_profile = saved_cpu
-        if tfgraph.PER_PRIM_WORKSPACE != saved_per_prim:
+        if (tfgraph.PER_PRIM_WORKSPACE, tfgraph.DENSE_TRANSPOSED_READS) != (
+                saved_per_prim, saved_dense):
             tfgraph.PER_PRIM_WORKSPACE = saved_per_prim
+            tfgraph.DENSE_TRANSPOSED_READS = saved_dense
             tfgraph._CACHE.clear()
 
 

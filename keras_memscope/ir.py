@@ -117,7 +117,8 @@ class Prim:
             straight-through estimator, Keras' float8 quantize-dequantize).
         transposed_reads: ``(input, bytes)`` pairs: the bytes the kernel of
             the gradient with respect to that input reads transposed (a
-            batched product's ``adj_x`` or ``adj_y`` operand, as its
+            batched product's ``adj_x`` or ``adj_y`` operand, a Dense
+            layer's kernel in its input gradient ``dy @ W^T``, as the
             gradient op in the traced step has it), which TensorFlow's own
             CPU kernels read about half as fast (``timing.op_time``'s
             ``transposed_read`` rate; ``benchmarks/matmul_forms.py``).

@@ -407,14 +407,16 @@ def _einsum_gradient_workspaces(op: Any, backward: list[Any]) -> dict[int, int]:
 
 
 def _gradient_reads(op: Any, backward: list[Any]) -> dict[int, tuple[int, int]]:
-    """For a product of two activations, what the gradient op with respect
-    to each operand (by position) reads: the bytes of its two operands, and
-    of those the bytes it reads transposed (a batched product's ``adj_x`` /
-    ``adj_y`` operands, an Einsum's as its kernel reads them:
+    """For a product (of two activations, or a Dense layer's ``MatMul``),
+    what the gradient op with respect to each operand (by position) reads:
+    the bytes of its two operands, and of those the bytes it reads
+    transposed (a batched product's ``adj_x`` / ``adj_y`` operands, a
+    ``MatMul``'s ``transpose_b`` one, an Einsum's as its
+    kernel reads them:
     :func:`einsum_transposed_reads`). Where the shapes are not all known,
     nothing."""
     out: dict[int, tuple[int, int]] = {}
-    types = ("Einsum", "BatchMatMulV2", "BatchMatMulV3")
+    types = ("Einsum", "BatchMatMulV2", "BatchMatMulV3", "MatMul")
     if op.type not in types:
         return out
     for i, b in _gradient_ops(op, backward, types):
@@ -425,7 +427,12 @@ def _gradient_reads(op: Any, backward: list[Any]) -> dict[int, tuple[int, int]]:
                 b.get_attr("equation").decode(),
                 [tuple(int(d) for d in x.shape) for x in b.inputs], b.outputs[0].dtype.size)
         else:
-            flags = (b.get_attr("adj_x"), b.get_attr("adj_y"))
+            # (a MatMul's first operand read transposed, a Dense layer's x in
+            # its kernel's gradient x^T @ dy, takes no longer than as stored:
+            # benchmarks/dense_gradient_speeds.py; its second, the kernel in
+            # dy @ W^T, does)
+            flags = ((False, b.get_attr("transpose_b"))
+                     if b.type == "MatMul" else (b.get_attr("adj_x"), b.get_attr("adj_y")))
             # (a vector, one row or column, has no layout to read across)
             transposed = sum(_bytes(x) for x, flag in zip(b.inputs, flags)
                              if flag and min(int(d) for d in x.shape[-2:]) > 1)
@@ -1218,6 +1225,12 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
                 operand_reads[ref[op.inputs[i].name]] = nbytes
                 if across:
                     transposed[ref[op.inputs[i].name]] = across
+        elif op.type == "MatMul" and DENSE_TRANSPOSED_READS:
+            # a Dense layer's input gradient ``dy @ W^T`` reads the kernel
+            # transposed (see DENSE_TRANSPOSED_READS)
+            for i, (_, across) in _gradient_reads(op, backward).items():
+                if across and op.inputs[i].name in ref:
+                    transposed[ref[op.inputs[i].name]] = across
         for i, nbytes in _broadcast_gradients(op).items():
             r = ref.get(op.inputs[i].name)
             if op.type in _BROADCAST_PRODUCTS and op.inputs[1 - i].name in internal_names:
@@ -1375,6 +1388,18 @@ def _with_workspace(p: Prim, parts: tuple[int, ...], parts_if_free: tuple[int, .
 #: ordering_variants --variants per-prim-workspace``) and not adopted:
 #: benchmarks/RESULTS.md, "Which forward op a gradient op is for".
 PER_PRIM_WORKSPACE = False
+#: Whether a Dense layer's input gradient ``dy @ W^T`` (``_MatMulGrad``'s
+#: ``transpose_b``) counts its kernel as read transposed
+#: (``Prim.transposed_reads``), so that the speeds that order the CPU's two
+#: gradient threads give it ``timing.NOMINAL_TRANSPOSED_READ_BYTES_S`` more
+#: per kernel byte on TensorFlow's own kernels. Measured
+#: (``benchmarks/dense_gradient_speeds.py``): VGG16's 392 MiB fc1 kernel at
+#: batch 8, 216 ms against 33 for ``x @ W``; the kernel's gradient ``x^T @
+#: dy`` takes no longer than ``x @ W``. Tried (``benchmarks.
+#: ordering_variants --variants dense-transposed-reads``) and not adopted:
+#: benchmarks/RESULTS.md, "A Dense layer's input gradient reads its kernel
+#: transposed".
+DENSE_TRANSPOSED_READS = False
 
 
 def _place_workspaces(prims: list[Prim], prim_ops: list[Any],

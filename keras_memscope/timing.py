@@ -266,7 +266,12 @@ NOMINAL_CPU_SPEEDS: dict[str, Any] = {
 #: operand than without, 3.2-3.6 GB/s over three runs on a 2-core AMD EPYC
 #: with AVX2 (``benchmarks/matmul_forms.py``); oneDNN's kernels read it as
 #: fast either way. Added to the nominal speeds where TensorFlow runs its
-#: own kernels; ``calibrate`` measures it.
+#: own kernels; ``calibrate`` measures it. A Dense layer's input gradient
+#: ``dy @ W^T`` reads its kernel so: on the AVX2 EPYC with 1 MiB of L2 it
+#: took the kernel's bytes at 2.1-2.6 GB/s longer than ``x @ W`` for VGG16's
+#: fc1 and fc2 kernels at batches 8 and 64 (``benchmarks/
+#: dense_gradient_speeds.py``: fc1 at batch 8, 216 ms against 33); counted
+#: only with ``tfgraph.DENSE_TRANSPOSED_READS`` (tried, not adopted).
 NOMINAL_TRANSPOSED_READ_BYTES_S = 3.4e9
 #: Bytes per second at which TensorFlow's own CPU kernels read the operands
 #: of a thin batched product: attention's gradient for ``v`` (Keras'

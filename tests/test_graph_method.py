@@ -1571,6 +1571,39 @@ def test_a_gradient_reading_its_operand_transposed_takes_longer_on_tensorflows_k
         assert extra == pytest.approx(expected)
 
 
+def test_a_dense_layers_input_gradient_reads_its_kernel_transposed(monkeypatch):
+    """With ``tfgraph.DENSE_TRANSPOSED_READS`` (tried, not adopted):
+    ``_MatMulGrad`` computes a Dense layer's input gradient as ``dy @
+    W^T`` (``transpose_b``) and its kernel's as ``x^T @ dy``
+    (``transpose_a``), as the traced gradient ops say. The first reads the
+    kernel transposed (``benchmarks/dense_gradient_speeds.py``: on
+    TensorFlow's own kernels ``dy @ W^T`` takes the kernel's bytes at about
+    2.3 GB/s longer than ``x @ W``); the second reads the batch's ``x``
+    transposed and takes no longer than ``x @ W``: nothing counted."""
+    from keras_memscope import devices, schedule, tfgraph
+
+    assert tfgraph.DENSE_TRANSPOSED_READS is False  # (tried, not adopted)
+    monkeypatch.setattr(tfgraph, "DENSE_TRANSPOSED_READS", True)
+    monkeypatch.setattr(tfgraph, "_CACHE", {})  # (traced with the switch on)
+    inputs = keras.Input((256,))
+    model = keras.Model(inputs, layers.Dense(10)(layers.Dense(1024)(layers.Dense(256)(inputs))))
+    seen = []
+    real = schedule._costs
+
+    def costs(flats, *args, **kwargs):
+        out = real(flats, *args, **kwargs)
+        seen.extend(c for c in out if c.kernel == "matmul" and c.macs == 8 * 256 * 1024)
+        return out
+
+    monkeypatch.setattr(schedule, "_costs", costs)
+    cpu = dataclasses.replace(devices.get_device("cpu"), order_histories=0)
+    memscope.estimate(model, 8, optimizer="sgd", device=cpu, method="graph")
+    middle = next(c for c in seen if c.backward_input_flops)
+    assert middle.backward_input_transposed == 256 * 1024 * 4  # the kernel
+    # (x^T @ dy reads x transposed, and takes no longer than as stored)
+    assert middle.backward_weight_transposed == 0
+
+
 def test_a_products_second_gradient_runs_beside_the_first_on_tensorflows_kernels(monkeypatch):
     """By default (``schedule.PRODUCT_GRADIENTS_SIDE_BY_SIDE`` None) the two
     gradients of ``probs v`` run side by side where the speeds that order the
