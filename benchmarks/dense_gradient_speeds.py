@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
@@ -29,17 +27,6 @@ os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 #: (rows of the kernel, columns): VGG16's fc1 and fc2, a 1024-wide layer
 KERNELS = [(25088, 4096), (4096, 4096), (1024, 1024)]
 BATCHES = (8, 64, 512)
-
-
-def _median_ms(fn, repeats: int) -> float:
-    fn()
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from keras_memscope import devices, timing
     from keras_memscope.schedule import PrimCost
+
+    from .conv_gradient_speeds import _median_ms
 
     profile = timing.ordering_profile(devices.get_device("cpu"))
     rows = []
