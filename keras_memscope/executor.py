@@ -100,7 +100,8 @@ def weight_gradient_first(model: Any, batch_size: int, optimizer: Any, *, input_
 #: What was read, by model (weakly) and ``_cache_key``: an estimate of the
 #: same model and optimizer again, at any batch, traces nothing (the order
 #: does not change with the batch: the same at batches 1, B and 3B for
-#: fourteen zoo configurations, ``tests/test_executor.py``).
+#: fourteen zoo configurations, ``python -m benchmarks.executor_order
+#: --batches``).
 _ORDERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 

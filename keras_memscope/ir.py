@@ -117,9 +117,10 @@ class Prim:
             straight-through estimator, Keras' float8 quantize-dequantize).
         transposed_reads: ``(input, bytes)`` pairs: the bytes the kernel of
             the gradient with respect to that input reads transposed (a
-            batched product's ``adj_x`` or ``adj_y`` operand, a Dense
-            layer's kernel in its input gradient ``dy @ W^T``, as the
-            gradient op in the traced step has it), which TensorFlow's own
+            batched product's ``adj_x`` or ``adj_y`` operand, and with
+            ``tfgraph.DENSE_TRANSPOSED_READS`` a ``MatMul``'s kernel in its
+            input gradient ``dy @ W^T``, as the gradient op in the traced
+            step has it), which TensorFlow's own
             CPU kernels read about half as fast (``timing.op_time``'s
             ``transposed_read`` rate; ``benchmarks/matmul_forms.py``).
         operand_reads: ``(input, bytes)`` pairs: the bytes of its operands

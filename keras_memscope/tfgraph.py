@@ -1217,8 +1217,8 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
                     workspace_for[r] = workspace_for.get(r, 0) + nbytes
         transposed: dict[str, int] = {}
         operand_reads: dict[str, int] = {}
-        if len(op.inputs) == 2 and all(not ref.get(t.name, "w#").startswith("w#")
-                                       for t in op.inputs):
+        if op.type != "MatMul" and len(op.inputs) == 2 and all(
+                not ref.get(t.name, "w#").startswith("w#") for t in op.inputs):
             # a product of two activations (attention's): what its gradient
             # kernels read transposed orders the two gradients' ends
             for i, (nbytes, across) in _gradient_reads(op, backward).items():
