@@ -7,11 +7,11 @@ gradient as ``dy @ W^T`` (``transpose_b``: the kernel read transposed) and
 the weight gradient as ``x^T @ dy`` (``transpose_a``). On TensorFlow's own
 CPU kernels the first takes far longer than the forward product that reads
 the same kernel as stored, by about the kernel's bytes over a fixed rate,
-whatever the batch; the second does not. Beside them, the times the ordering speeds
-give the two gradients with the kernel counted as read transposed
-(``keras_memscope.tfgraph.DENSE_TRANSPOSED_READS``, tried and not adopted).
-Each product is a ``tf.function`` with the BFC
-allocator, the median of ``--repeats`` calls after two warm-up calls.
+whatever the batch; the second does not. Beside them, the times the
+ordering speeds give the two gradients with the kernel counted as read
+transposed (``keras_memscope.tfgraph.DENSE_TRANSPOSED_READS``, tried and
+not adopted). Each product is a ``tf.function`` with the BFC allocator,
+the median of ``--repeats`` calls after two warm-up calls.
 
     python -m benchmarks.dense_gradient_speeds [--repeats 7]
 """

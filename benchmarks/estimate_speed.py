@@ -67,10 +67,6 @@ def _workflows(runs: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import keras
-
-    import keras_memscope as memscope
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workflows", action="store_true",
                         help="time fit and max-batch, the order kept per batch and not")
@@ -79,6 +75,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.workflows:
         _workflows(args.runs)
         return
+
+    import keras
+
+    import keras_memscope as memscope
 
     model = keras.applications.ResNet50(weights=None)
     print("| estimate | seconds | peak MiB |\n|---|---|---|")

@@ -411,8 +411,7 @@ def _gradient_reads(op: Any, backward: list[Any]) -> dict[int, tuple[int, int]]:
     what the gradient op with respect to each operand (by position) reads:
     the bytes of its two operands, and of those the bytes it reads
     transposed (a batched product's ``adj_x`` / ``adj_y`` operands, a
-    ``MatMul``'s ``transpose_b`` one, an Einsum's as its
-    kernel reads them:
+    ``MatMul``'s ``transpose_b`` one, an Einsum's as its kernel reads them:
     :func:`einsum_transposed_reads`). Where the shapes are not all known,
     nothing."""
     out: dict[int, tuple[int, int]] = {}
