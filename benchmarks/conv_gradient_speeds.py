@@ -1,4 +1,4 @@
-"""Speeds of a 3 x 3 convolution's forward, input-gradient and filter-gradient
+"""Speeds of a convolution's forward, input-gradient and filter-gradient
 kernels on this CPU, per shape, timed alone (median of repeated calls).
 
 The time model orders the CPU's two gradient streams with one speed per
@@ -7,20 +7,55 @@ kernel family, taken from ``memscope.calibrate`` on one shape (16 x 56 x 56 x
 
     python -m benchmarks.conv_gradient_speeds
     python -m benchmarks.conv_gradient_speeds --shape 64,16,16,64,128,2
+    python -m benchmarks.conv_gradient_speeds --fit [--runs 3]
+
+Where TensorFlow runs its own CPU kernels (not oneDNN's), both gradients are
+an Eigen tensor contraction beside an im2col or col2im copy
+(``conv_grad_filter_ops.cc``, ``conv_grad_input_ops.h``): the filter
+gradient one product of ``filter_total x (batch x image)`` by ``(batch x
+image) x out``, the input gradient one product of ``image x out`` by
+``out x filter_total`` per image (on all threads; or, where one image's
+product is small, images shared out among the threads, each a single-threaded
+product). ``--fit`` fits ``timing.CONV_GRADIENT_CONTRACTIONS``' model of
+such a product's speed, ``R0 x M/(M+m0) x N/(N+n0) x K/(K+k0)`` for ``M x
+K`` by ``K x N``, to each gradient's measured speeds over the shapes, and
+prints each shape's errors and its two gradients' time ratio, measured and
+modelled.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import math
 import statistics
 import time
 
-#: batch, height, width, input channels, output channels, stride
+#: batch, height, width, input channels, output channels, stride[, kernel size]
 DEFAULT_SHAPES = [
     (16, 56, 56, 64, 64, 1),  # the calibration's convolution
     (64, 64, 64, 3, 32, 2),  # benchmarks.zoo.multihead's three convolutions
     (64, 32, 32, 32, 64, 2),
     (64, 16, 16, 64, 128, 2),
+]
+#: the shapes ``--fit`` times by default: ResNet-style 3 x 3 and 1 x 1
+#: convolutions from 7 x 7 to 112 x 112 and 32 to 1024 channels, strided
+#: ones, 1-D ones (height 1), and ones into or out of 1 to 16 channels
+FIT_SHAPES = [
+    (16, 56, 56, 64, 64, 1, 3), (8, 32, 32, 64, 128, 2, 3), (8, 16, 16, 128, 128, 1, 3),
+    (16, 28, 28, 128, 128, 1, 3), (16, 14, 14, 256, 256, 1, 3), (16, 7, 7, 512, 512, 1, 3),
+    (16, 56, 56, 64, 256, 1, 1), (16, 28, 28, 512, 128, 1, 1), (16, 14, 14, 1024, 256, 1, 1),
+    (16, 14, 14, 256, 1024, 1, 1), (8, 64, 64, 3, 32, 2, 3), (64, 32, 32, 32, 64, 2, 3),
+    (64, 16, 16, 64, 128, 2, 3), (8, 112, 112, 32, 32, 1, 3), (32, 28, 28, 32, 32, 1, 3),
+    (4, 56, 56, 128, 128, 1, 3), (16, 1, 1975, 64, 64, 1, 1), (16, 1, 4000, 32, 64, 1, 5),
+    (32, 8, 8, 256, 256, 1, 3), (8, 28, 28, 64, 64, 1, 3), (32, 14, 14, 64, 128, 1, 3),
+    (8, 7, 7, 1024, 2048, 1, 1), (8, 56, 56, 32, 16, 1, 3), (16, 1, 512, 128, 128, 1, 3),
+    # few output channels (a segmentation head, an image or mask out) or
+    # few input ones (an RGB or mono image in)
+    (8, 64, 64, 64, 5, 1, 1), (8, 64, 64, 32, 3, 1, 3), (16, 28, 28, 32, 1, 1, 3),
+    (8, 32, 32, 3, 16, 1, 3), (32, 32, 32, 3, 32, 1, 3), (8, 128, 128, 16, 1, 1, 1),
+    (8, 32, 32, 96, 32, 1, 1), (8, 32, 32, 32, 32, 1, 3), (64, 28, 28, 1, 32, 1, 3),
+    (8, 64, 64, 32, 64, 1, 1),
 ]
 
 
@@ -35,13 +70,19 @@ def _median_ms(fn, repeats: int) -> float:
     return 1e3 * statistics.median(times)
 
 
+def _parse(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape with its kernel size (3 where not given)."""
+    return tuple(shape) + (3,) * (7 - len(shape))
+
+
 def speeds(shape: tuple[int, ...], repeats: int = 30) -> dict[str, float]:
-    """GFLOP/s of the forward, input-gradient and filter-gradient kernels."""
+    """GFLOP/s of the forward, input-gradient and filter-gradient kernels
+    (and the products' dimensions, for ``--fit``)."""
     import tensorflow as tf
 
-    batch, height, width, cin, cout, stride = shape
+    batch, height, width, cin, cout, stride, size = _parse(shape)
     x = tf.random.normal((batch, height, width, cin))
-    w = tf.random.normal((3, 3, cin, cout))
+    w = tf.random.normal((1 if height == 1 else size, size, cin, cout))
     strides = [1, stride, stride, 1]
     dy = tf.random.normal(tf.nn.conv2d(x, w, stride, "SAME").shape)
     forward = tf.function(lambda: tf.nn.conv2d(x, w, stride, "SAME"))
@@ -51,30 +92,96 @@ def speeds(shape: tuple[int, ...], repeats: int = 30) -> dict[str, float]:
     filters = tf.function(lambda: tf.raw_ops.Conv2DBackpropFilter(
         input=x, filter_sizes=tf.constant(w.shape.as_list()), out_backprop=dy,
         strides=strides, padding="SAME"))
-    flops = 2 * batch * dy.shape[1] * dy.shape[2] * cout * 9 * cin
-    return {name: flops / _median_ms(fn, repeats) / 1e6
-            for name, fn in (("forward", forward), ("input gradient", inputs),
-                             ("filter gradient", filters))}
+    image = dy.shape[1] * dy.shape[2]
+    filter_total = w.shape[0] * w.shape[1] * cin
+    flops = 2 * batch * image * cout * filter_total
+    got = {name: flops / _median_ms(fn, repeats) / 1e6
+           for name, fn in (("forward", forward), ("input gradient", inputs),
+                            ("filter gradient", filters))}
+    got["dims"] = (batch, image, filter_total, cout)
+    return got
+
+
+def _fit(rows: list[tuple[tuple[int, int, int], float]]) -> tuple[float, float, float, float]:
+    """``(R0, m0, n0, k0)`` (FLOP/s and sizes) minimising the squared log
+    error of ``R0 x M/(M+m0) x N/(N+n0) x K/(K+k0)`` against the measured
+    GFLOP/s
+    (a grid over the three sizes, ``R0`` in closed form)."""
+    grid = [0, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384]
+    best = None
+    for m0, n0, k0 in itertools.product(grid, repeat=3):
+        logs = [math.log(r * 1e9) - math.log(m / (m + m0) * n / (n + n0) * k / (k + k0))
+                for (m, n, k), r in rows]
+        log_r0 = statistics.fmean(logs)
+        err = sum((v - log_r0) ** 2 for v in logs)
+        if best is None or err < best[0]:
+            best = (err, math.exp(log_r0), m0, n0, k0)
+    return best[1:]
 
 
 def main(argv: list[str] | None = None) -> None:
     from tabulate import tabulate
 
+    from keras_memscope import timing
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", action="append", default=None,
-                        help="batch,height,width,in,out,stride (repeatable)")
+                        help="batch,height,width,in,out,stride[,kernel size] (repeatable)")
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--fit", action="store_true",
+                        help="fit the contraction model to the gradients' speeds "
+                             "(default shapes: FIT_SHAPES)")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="time the shapes this many times over, one after the other, "
+                             "and fit to all (the CPU's speed drifts from minute to minute)")
     args = parser.parse_args(argv)
     shapes = ([tuple(int(v) for v in s.split(",")) for s in args.shape] if args.shape
-              else DEFAULT_SHAPES)
-    rows = []
-    for shape in shapes:
+              else FIT_SHAPES if args.fit else DEFAULT_SHAPES)
+    rows, measured = [], []
+    for shape in shapes * args.runs:
         got = speeds(shape, args.repeats)
-        rows.append([" x ".join(map(str, shape[:4])) + f" -> {shape[4]}, stride {shape[5]}",
+        batch, image, filter_total, cout = got.pop("dims")
+        b, h, w, cin, _, stride, size = _parse(shape)
+        rows.append([f"{b} x {h} x {w} x {cin} -> {cout}, {size} x {size}, stride {stride}",
                      *(f"{v:.0f}" for v in got.values()),
                      f"{got['input gradient'] / got['filter gradient']:.2f}"])
+        filt, inp = timing.conv_gradient_products(batch, image, filter_total, cout)
+        measured.append((shape, filt, got["filter gradient"], inp, got["input gradient"]))
     print(tabulate(rows, headers=["convolution", "forward GFLOP/s", "input grad",
-                                  "filter grad", "input / filter"]))
+                                  "filter grad", "filter / input time"]))
+    if not args.fit:
+        return
+    fitted = {"filter": _fit([(f, rf) for _, f, rf, _, _ in measured]),
+              "input": _fit([(i, ri) for _, _, _, i, ri in measured])}
+    for gradient, (r0, m0, n0, k0) in fitted.items():
+        print(f"\n{gradient} gradient fitted: R0 {r0 / 1e9:.1f} GFLOP/s, m0 {m0}, n0 {n0}, "
+              f"k0 {k0} (timing.CONV_GRADIENT_CONTRACTIONS: "
+              f"{timing.CONV_GRADIENT_CONTRACTIONS[gradient]})")
+
+    def model(dims: tuple[int, int, int], gradient: str) -> float:
+        """GFLOP/s of the fitted model"""
+        r0, m0, n0, k0 = fitted[gradient]
+        m, n, k = dims
+        return r0 / 1e9 * m / (m + m0) * n / (n + n0) * k / (k + k0)
+
+    # the nominal ordering speeds' ratio (the input gradient's capped at the peak)
+    rates, peak = timing.NOMINAL_CPU_SPEEDS["rates"], timing.NOMINAL_CPU_SPEEDS["peak_flops"]
+    nominal = min(rates["conv_input_grad"], peak["float32"]) / rates["conv_filter_grad"]
+    table = []
+    errors: dict[str, list[float]] = {"filter": [], "input": []}
+    for shape, filt, rf, inp, ri in measured:
+        mf, mi = model(filt, "filter"), model(inp, "input")
+        errors["filter"].append(abs(mf / rf - 1))
+        errors["input"].append(abs(mi / ri - 1))
+        table.append([",".join(map(str, _parse(shape))), f"{filt}", f"{rf:.0f}", f"{mf:.0f}",
+                      f"{inp}", f"{ri:.0f}", f"{mi:.0f}", f"{ri / rf:.2f}", f"{mi / mf:.2f}",
+                      f"{nominal:.2f}"])
+    print(tabulate(table, headers=["shape", "filter M,N,K", "GFLOP/s", "model",
+                                   "input M,N,K", "GFLOP/s", "model",
+                                   "filter / input time", "model", "nominal"]))
+    for gradient, errs in errors.items():
+        print(f"{gradient} gradient speeds' errors: median {100 * statistics.median(errs):.0f}%, "
+              f"worst {100 * max(errs):.0f}%")
 
 
 if __name__ == "__main__":

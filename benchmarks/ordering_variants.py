@@ -82,7 +82,11 @@ place:
 * ``dense-transposed-reads``: a Dense layer's input gradient ``dy @ W^T``
   reads its kernel transposed, at ``NOMINAL_TRANSPOSED_READ_BYTES_S`` more
   per byte on TensorFlow's own kernels
-  (``keras_memscope.tfgraph.DENSE_TRANSPOSED_READS``).
+  (``keras_memscope.tfgraph.DENSE_TRANSPOSED_READS``);
+* ``conv-gemm-shapes``: on TensorFlow's own CPU kernels, a convolution's
+  filter and input gradients at the speeds of Eigen contractions of their
+  own shapes (``keras_memscope.timing.CONV_GEMM_SHAPES``,
+  ``CONV_GRADIENT_CONTRACTIONS``), not at one nominal speed each.
 """
 
 from __future__ import annotations
@@ -99,7 +103,7 @@ VARIANTS = ("first-chunk", "matmul-shapes", "onednn-speeds", "ratio", "add-pass-
             "read-together", "update-busy", "onednn-conv-ratios", "weight-gradient-first",
             "timed-copies", "six-steps", "updates-take-time", "saved-inputs-donate",
             "per-prim-workspace", "products-side-by-side", "loop-gradient-one-op",
-            "dense-transposed-reads")
+            "dense-transposed-reads", "conv-gemm-shapes")
 #: the kernels ``weight-gradient-first`` starts first
 FIRST_KERNELS = frozenset({"conv", "conv_transpose", "matmul"})
 #: the variants that set a switch of ``keras_memscope.schedule``: its name and value
@@ -157,6 +161,9 @@ def variants(names: Sequence[str], ratio_sigma: float = 0.22) -> Iterator[None]:
             setattr(schedule, *switches[name])
     saved_per_prim = tfgraph.PER_PRIM_WORKSPACE
     saved_dense = tfgraph.DENSE_TRANSPOSED_READS
+    saved_conv_gemm = timing.CONV_GEMM_SHAPES
+    if "conv-gemm-shapes" in names:
+        timing.CONV_GEMM_SHAPES = True
     if "per-prim-workspace" in names:
         tfgraph.PER_PRIM_WORKSPACE = True
         tfgraph._CACHE.clear()  # (traced before with the switch off)
@@ -205,6 +212,7 @@ def variants(names: Sequence[str], ratio_sigma: float = 0.22) -> Iterator[None]:
         for attr, value in saved_switches.items():
             setattr(schedule, attr, value)
         devices._cpu_profile = saved_cpu
+        timing.CONV_GEMM_SHAPES = saved_conv_gemm
         if (tfgraph.PER_PRIM_WORKSPACE, tfgraph.DENSE_TRANSPOSED_READS) != (
                 saved_per_prim, saved_dense):
             tfgraph.PER_PRIM_WORKSPACE = saved_per_prim

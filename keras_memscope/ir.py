@@ -86,6 +86,9 @@ class Prim:
         out_channels: for a convolution, its output channels (oneDNN's
             kernels take as long for fewer than one vector of them as for
             one: ``timing.conv_lane_factor``).
+        conv_gemm: for a 2-D convolution (channels last), ``(batch, image,
+            filter_total, out_channels)``: the products its gradients are on
+            TensorFlow's own CPU kernels (``timing.conv_gradient_products``).
         signature: what computes its one output apart from the tensors it
             reads (op type, attributes, constant inputs), for a traced op
             that reads no weight; two such prims of different calls with one
@@ -169,6 +172,7 @@ class Prim:
     kernel: str = ""
     gemm_min_dim: int = 0
     out_channels: int = 0
+    conv_gemm: tuple[int, ...] = ()
     signature: str = ""
     role: str = ""
     compute_dtype: str = ""

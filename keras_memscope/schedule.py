@@ -97,6 +97,9 @@ class PrimCost:
     #: the bytes of their operands those kernels read (``Prim.operand_reads``)
     backward_input_reads: int = 0
     backward_weight_reads: int = 0
+    #: a 2-D convolution's ``(batch, image, filter_total, out_channels)``
+    #: (``Prim.conv_gemm``)
+    conv_gemm: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1812,7 +1815,7 @@ def _costs(flats: list[_Flat], tensor_bytes: dict[int, int],
                                if t in weight_of or not p.grad_inplace)
         out.append(PrimCost(f.op.index, fwd, fwd_bytes, bwd_in, bwd_w, bwd_bytes, p.macs,
                             p.kernel, p.gemm_min_dim, i in recomputed, fwd_allocs, bwd_allocs,
-                            p.out_channels, *transposed, *reads))
+                            p.out_channels, *transposed, *reads, p.conv_gemm))
     return out
 
 

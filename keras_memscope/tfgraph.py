@@ -521,6 +521,20 @@ def _out_channels(op: Any) -> int:
         return 0
 
 
+def _conv_gemm(op: Any) -> tuple[int, ...]:
+    """``(batch, image, filter_total, out_channels)`` of a channels-last
+    Conv2D op (``Prim.conv_gemm``); empty for other ops and where the shapes
+    are not known."""
+    if op.type != "Conv2D" or op.get_attr("data_format") != b"NHWC":
+        return ()
+    try:
+        out, kernel = op.outputs[0].shape, op.inputs[1].shape
+        return (int(out[0]), int(out[1]) * int(out[2]), math.prod(int(d) for d in kernel[:-1]),
+                int(kernel[-1]))
+    except Exception:
+        return ()
+
+
 def _macs(op: Any) -> int:
     """Multiply-accumulates of a matmul or convolution op (static shapes)."""
     try:
@@ -1281,7 +1295,7 @@ def _to_prims(call: CallRecord, graph: Any, forward: list[Any],
             grad_inplace=op.type in FORWARDING_OPS or op.type in VIEW_GRADIENT_OPS,
             grad_read_together=op.name in shared_incoming,
             macs=_macs(op), kernel=_FAMILY.get(op.type, ""), gemm_min_dim=_gemm_min_dim(op),
-            out_channels=_out_channels(op),
+            out_channels=_out_channels(op), conv_gemm=_conv_gemm(op),
             workspace_for=workspace_for, backward_workspace_bytes=bwd_ws,
             always_grads=([(ref[t.name], _bytes(t)) for t in op.inputs
                            if t.name in ref and t.dtype.is_floating]

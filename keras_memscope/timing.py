@@ -216,6 +216,15 @@ def backward_seconds(c: PrimCost, profile: DeviceProfile,
     if not (bwd_flops or c.backward_bytes):
         return 0.0, 0.0
     parts = (c.backward_input_flops, c.backward_weight_flops)
+    if c.conv_gemm and "conv_gemm" in profile.rates and dtype == "float32":
+        # TensorFlow's own kernels: each gradient a contraction of its own shape
+        filt, inp = conv_gradient_products(*c.conv_gemm)
+        bandwidth = _bandwidth(profile, c.backward_bytes, 2)
+        return tuple(
+            max(part / contraction_rate(*dims, gradient),
+                c.backward_bytes * part / bwd_flops / bandwidth) + _overhead(profile)
+            if part else 0.0
+            for part, dims, gradient in zip(parts, (inp, filt), ("input", "filter")))
     if c.kernel in GRADIENT_FAMILIES and bwd_flops:
         families = GRADIENT_FAMILIES[c.kernel]
         # (a convolution's filter gradient works on its output channels too)
@@ -243,6 +252,52 @@ def backward_seconds(c: PrimCost, profile: DeviceProfile,
     if not bwd_flops:
         return total, 0.0
     return total * parts[0] / bwd_flops, total * parts[1] / bwd_flops
+
+
+#: Eigen's tensor contractions of a convolution's two gradients on the CPU's
+#: threads, where TensorFlow runs its own kernels: the FLOP/s of an ``M x K``
+#: by ``K x N`` product, ``R0 x M/(M+m0) x N/(N+n0) x K/(K+k0)``, as ``(R0,
+#: m0, n0, k0)`` for the filter gradient's one product and for the input
+#: gradient's per image (``conv_gradient_products``; each beside an im2col
+#: or col2im copy). Fitted to both gradients of convolutions timed alone on
+#: a 2-core AMD EPYC with AVX2 (``python -m benchmarks.conv_gradient_speeds
+#: --fit``: three runs, of 24 shapes twice and 34 once; median errors 21%
+#: and 15%), where the filter gradient took 0.23-6.6 times as long as the
+#: input gradient with the shape (its last dimension the output channels,
+#: the input gradient's rows one image's positions), and the nominal speeds
+#: make it 1.55 times as long every time (58.9 GFLOP/s against 104.1,
+#: capped at the 91.1 peak). Tried, not adopted (benchmarks/RESULTS.md): in
+#: the step the two run side by side, and alone says little about how they
+#: split the threads there.
+CONV_GRADIENT_CONTRACTIONS = {"filter": (153.3e9, 32, 96, 128), "input": (170.0e9, 192, 64, 32)}
+#: Order a convolution's gradients by :data:`CONV_GRADIENT_CONTRACTIONS`
+#: where TensorFlow runs its own CPU kernels and the CPU is not calibrated
+#: (``ordering_profile``).
+CONV_GEMM_SHAPES = False
+
+
+def conv_gradient_products(batch: int, image: int, filter_total: int, out_channels: int
+                           ) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """``(M, N, K)`` of the products TensorFlow's own CPU kernels compute a
+    2-D convolution's filter and input gradients with (conv_grad_filter_ops.cc,
+    conv_grad_input_ops.h): the filter gradient ``col^T @ dy``, ``filter_total
+    x out_channels`` contracting over every image's positions; the input
+    gradient ``dy @ W^T`` per image, ``image x filter_total`` contracting over
+    the output channels, one image at a time on all threads, or (where one
+    image's product is small, ``rules.conv.input_gradient_parallel``) the
+    images shared out among the threads (as one product of all their rows)."""
+    from .rules.conv import input_gradient_parallel
+
+    rows = image if input_gradient_parallel(batch, image, filter_total, out_channels) \
+        else batch * image
+    return (filter_total, out_channels, batch * image), (rows, filter_total, out_channels)
+
+
+def contraction_rate(m: int, n: int, k: int, gradient: str) -> float:
+    """FLOP/s of a convolution's ``gradient`` (``"filter"`` or ``"input"``)
+    as an ``m x k`` by ``k x n`` product (:data:`CONV_GRADIENT_CONTRACTIONS`)."""
+    r0, m0, n0, k0 = CONV_GRADIENT_CONTRACTIONS[gradient]
+    return r0 * m / (m + m0) * n / (n + n0) * k / (k + k0)
 
 
 #: Speeds that only order the two gradient streams of a CPU (which kernel ends
@@ -302,6 +357,8 @@ def ordering_profile(profile: DeviceProfile) -> DeviceProfile:
     if profile.kind == "cpu" and not cpu_uses_onednn():
         speeds["rates"] = {**speeds["rates"], "transposed_read": NOMINAL_TRANSPOSED_READ_BYTES_S,
                            "gemm_read": NOMINAL_GEMM_READ_BYTES_S}
+        if CONV_GEMM_SHAPES:
+            speeds["rates"]["conv_gemm"] = 1.0  # (a flag: CONV_GRADIENT_CONTRACTIONS)
     return dataclasses.replace(profile, **speeds)
 
 

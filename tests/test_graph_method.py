@@ -1604,6 +1604,65 @@ def test_a_dense_layers_input_gradient_reads_its_kernel_transposed(monkeypatch):
     assert middle.backward_weight_transposed == 0
 
 
+def test_a_convolutions_gradients_are_timed_as_the_products_they_are(monkeypatch):
+    """On TensorFlow's own CPU kernels a Conv2D's filter gradient is one
+    product ``col^T @ dy`` (filter_total x out, contracting over every
+    image's positions) and its input gradient one ``dy @ W^T`` per image
+    (the image's positions x filter_total, contracting over the output
+    channels), or the images shared out among the threads where one image's
+    product is small; with ``timing.CONV_GEMM_SHAPES`` (tried, not adopted)
+    each is timed at ``CONV_GRADIENT_CONTRACTIONS``' speed for its own
+    shape. Timed alone on a 2-core AMD EPYC (``python -m
+    benchmarks.conv_gradient_speeds --fit``, three runs), a 7 x 7 512 ->
+    512 convolution's filter gradient took 0.37-0.40 times as long as its
+    input gradient (49-row products per image) and a 112 x 112 32 -> 32
+    one's 1.72-2.38 times (32 output channels); the nominal speeds make it
+    1.55 times as long in both (58.9 GFLOP/s against 104.1, capped at the
+    91.1 peak)."""
+    from keras_memscope import devices, schedule, timing
+
+    assert timing.CONV_GEMM_SHAPES is False  # (tried, not adopted)
+    monkeypatch.setattr(devices, "cpu_uses_onednn", lambda: False)
+    monkeypatch.setattr(devices, "cpu_cache_facts", lambda: (512 * 1024, 2))
+    # the traced Conv2D's products (3 x 3, 16 -> 8, 'same', 12 x 12 images)
+    filt, inp = timing.conv_gradient_products(4, 144, 144, 8)
+    assert filt == (144, 8, 4 * 144)
+    assert inp == (4 * 144, 144, 8)  # each thread's share of an image is small
+    assert timing.conv_gradient_products(1, 144, 144, 8)[1] == (144, 144, 8)
+    big = timing.conv_gradient_products(16, 49, 4608, 512)[1]
+    assert big == (49, 4608, 512)  # one image at a time on both threads
+
+    inputs = keras.Input((12, 12, 16))
+    model = keras.Model(inputs, layers.Dense(2)(layers.Flatten()(
+        layers.Conv2D(8, 3, padding="same")(inputs))))
+    seen = []
+    real = schedule._costs
+
+    def costs(flats, *args, **kwargs):
+        out = real(flats, *args, **kwargs)
+        seen.extend(c for c in out if c.kernel == "conv")
+        return out
+
+    monkeypatch.setattr(schedule, "_costs", costs)
+    cpu = dataclasses.replace(devices.get_device("cpu"), order_histories=0)
+    memscope.estimate(model, 4, optimizer="sgd", device=cpu, method="graph")
+    assert seen and all(c.conv_gemm == (4, 144, 144, 8) for c in seen)
+
+    def ratio(batch: int, side: int, cin: int, cout: int) -> float:
+        macs = batch * side * side * 9 * cin * cout
+        cost = schedule.PrimCost(0, 2 * macs, 0, 2 * macs, 2 * macs, 0, macs, "conv",
+                                 out_channels=cout, conv_gemm=(batch, side * side, 9 * cin, cout))
+        ordering = timing.ordering_profile(devices.get_device("cpu"))
+        t_in, t_w = timing.backward_seconds(cost, ordering)
+        return t_w / t_in
+
+    monkeypatch.setattr(timing, "CONV_GEMM_SHAPES", False)
+    nominal = ratio(16, 7, 512, 512)
+    assert nominal == pytest.approx(ratio(8, 112, 32, 32), rel=1e-3) and nominal > 1.5
+    monkeypatch.setattr(timing, "CONV_GEMM_SHAPES", True)
+    assert ratio(16, 7, 512, 512) < 0.6 and ratio(8, 112, 32, 32) > 1.2
+
+
 def test_a_products_second_gradient_runs_beside_the_first_on_tensorflows_kernels(monkeypatch):
     """By default (``schedule.PRODUCT_GRADIENTS_SIDE_BY_SIDE`` None) the two
     gradients of ``probs v`` run side by side where the speeds that order the

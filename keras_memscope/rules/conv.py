@@ -85,7 +85,7 @@ def col_buffers(out_shape: tuple[int, ...], kernel_shape: tuple[int, ...],
     ``dtype``, which its kernels may not support on this CPU) there is no
     column buffer: (0, 0).
     """
-    from ..devices import cpu_cache_facts, cpu_onednn_runs
+    from ..devices import cpu_onednn_runs
 
     if cpu_onednn_runs(dtype):
         return 0, 0
@@ -97,12 +97,26 @@ def col_buffers(out_shape: tuple[int, ...], kernel_shape: tuple[int, ...],
     out_depth = kernel_shape[-1]
     target = _TARGET_WORKING_SET_BYTES // itemsize
     work = image * filter_total + image * out_depth + filter_total * out_depth
-    _, threads = cpu_cache_facts()
     full_shard = -(-target // work)
     filt = full_shard * image * filter_total
-    parallel = batch == 1 or work // max(threads, 1) >= _TF_L2_BYTES // itemsize
+    parallel = input_gradient_parallel(batch, image, filter_total, out_depth, itemsize)
     inp = (1 if parallel else full_shard) * image * filter_total
     return filt * itemsize, inp * itemsize
+
+
+def input_gradient_parallel(batch: int, image: int, filter_total: int, out_depth: int,
+                            itemsize: int = 4) -> bool:
+    """Whether TensorFlow's own CPU kernel for a convolution's input
+    gradient runs one image at a time, each image's product on all threads
+    (``use_parallel_contraction`` in conv_grad_input_ops.h: at batch 1, or
+    where each thread's share of one image's three matrices reaches the
+    kernel's fixed 256 KiB), rather than sharing the images out among the
+    threads, each a single-threaded product."""
+    from ..devices import cpu_cache_facts
+
+    work = image * filter_total + image * out_depth + filter_total * out_depth
+    _, threads = cpu_cache_facts()
+    return batch == 1 or work // max(threads, 1) >= _TF_L2_BYTES // itemsize
 
 
 #: TensorFlow's CPU Conv3D gradient kernels fall back on Eigen's contraction,
