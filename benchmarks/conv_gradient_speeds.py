@@ -8,6 +8,7 @@ kernel family, taken from ``memscope.calibrate`` on one shape (16 x 56 x 56 x
     python -m benchmarks.conv_gradient_speeds
     python -m benchmarks.conv_gradient_speeds --shape 64,16,16,64,128,2
     python -m benchmarks.conv_gradient_speeds --fit [--runs 3]
+    python -m benchmarks.conv_gradient_speeds --in-step resnet50 --batch 16 --optimizer sgd
 
 Where TensorFlow runs its own CPU kernels (not oneDNN's), both gradients are
 an Eigen tensor contraction beside an im2col or col2im copy
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import re
 import statistics
 import time
 
@@ -119,6 +121,58 @@ def _fit(rows: list[tuple[tuple[int, int, int], float]]) -> tuple[float, float, 
     return best[1:]
 
 
+def in_step(name: str, batch: int, optimizer: str, steps: int = 3) -> list[list[str]]:
+    """Each Conv2D layer's filter-gradient time over its input-gradient time
+    in the training step of zoo model ``name`` (medians over ``steps``
+    profiled steps after a warm-up, ``benchmarks.op_timeline``'s way), beside
+    ``timing.CONV_GRADIENT_CONTRACTIONS``' ratio and the nominal speeds'.
+    Layers are found by their ops' name scopes (a Keras application's
+    layer names; a scope that is not one layer's name is left out)."""
+    import keras
+
+    from keras_memscope import timing
+    from keras_memscope.measure import _op_events, _profiled, run_steps
+
+    from . import zoo
+    from .accuracy import named_optimizer
+
+    model = zoo.named(name)
+    shapes = {}
+    for layer in model.layers:
+        if (isinstance(layer, keras.layers.Conv2D) and type(layer) is keras.layers.Conv2D
+                and layer.data_format == "channels_last" and layer.groups == 1
+                and tuple(layer.dilation_rate) == (1, 1)):
+            out, kernel = layer.output.shape, layer.kernel.shape
+            shapes[layer.name] = (batch, out[1] * out[2], kernel[0] * kernel[1] * kernel[2],
+                                  kernel[3])
+    events: list[list[tuple[int, int, str, str]]] = []
+    run_steps(model, batch, optimizer=named_optimizer(optimizer),
+              loss=getattr(model, "loss", None), steps=steps, device="cpu",
+              around_step=lambda step: events.append(_profiled(step, _op_events)),
+              read_memory=False)
+    times: dict[str, dict[str, list[float]]] = {}
+    pattern = re.compile(r"/(\w+?)(?:_\d+)?/convolution/Conv2DBackprop(Input|Filter):")
+    for step in events:
+        for start, end, _, op in step:
+            found = pattern.search(op)
+            if found and found.group(1) in shapes:
+                times.setdefault(found.group(1), {}).setdefault(found.group(2), []).append(
+                    end - start)
+    rates, peak = timing.NOMINAL_CPU_SPEEDS["rates"], timing.NOMINAL_CPU_SPEEDS["peak_flops"]
+    nominal = min(rates["conv_input_grad"], peak["float32"]) / rates["conv_filter_grad"]
+    rows = []
+    for layer, got in times.items():
+        if len(got) < 2:
+            continue
+        filt, inp = timing.conv_gradient_products(*shapes[layer])
+        modelled = (timing.contraction_rate(*inp, "input")
+                    / timing.contraction_rate(*filt, "filter"))
+        measured = statistics.median(got["Filter"]) / statistics.median(got["Input"])
+        rows.append([layer, ",".join(map(str, shapes[layer])), f"{measured:.2f}",
+                     f"{modelled:.2f}", f"{nominal:.2f}"])
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     from tabulate import tabulate
 
@@ -134,7 +188,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=1,
                         help="time the shapes this many times over, one after the other, "
                              "and fit to all (the CPU's speed drifts from minute to minute)")
+    parser.add_argument("--in-step", metavar="MODEL",
+                        help="a zoo model's Conv2D layers in its training step instead "
+                             "(with --batch and --optimizer)")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--optimizer", default="sgd")
+    parser.add_argument("--steps", type=int, default=3, help="profiled steps (--in-step)")
     args = parser.parse_args(argv)
+    if args.in_step:
+        rows = in_step(args.in_step, args.batch, args.optimizer, args.steps)
+        print(tabulate(rows, headers=["layer", "batch, image, filter_total, out",
+                                      "filter / input time in the step", "model", "nominal"]))
+        errors = {k: statistics.median(abs(math.log(float(r[k]) / float(r[2]))) for r in rows)
+                  for k in (3, 4)}
+        print(f"median |log| error of the ratio: model {errors[3]:.2f}, nominal {errors[4]:.2f} "
+              f"({len(rows)} layers)")
+        return
     shapes = ([tuple(int(v) for v in s.split(",")) for s in args.shape] if args.shape
               else FIT_SHAPES if args.fit else DEFAULT_SHAPES)
     rows, measured = [], []
