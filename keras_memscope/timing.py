@@ -266,9 +266,10 @@ def backward_seconds(c: PrimCost, profile: DeviceProfile,
 #: input gradient with the shape (its last dimension the output channels,
 #: the input gradient's rows one image's positions), and the nominal speeds
 #: make it 1.55 times as long every time (58.9 GFLOP/s against 104.1,
-#: capped at the 91.1 peak). Tried, not adopted (benchmarks/RESULTS.md): in
-#: the step the two run side by side, and alone says little about how they
-#: split the threads there.
+#: capped at the 91.1 peak). Tried, not adopted (benchmarks/RESULTS.md): it
+#: orders most of ResNet-50's layers as its step does, but a memory-bound
+#: convolution into a few channels splits the other way round in the step
+#: than alone.
 CONV_GRADIENT_CONTRACTIONS = {"filter": (153.3e9, 32, 96, 128), "input": (170.0e9, 192, 64, 32)}
 #: Order a convolution's gradients by :data:`CONV_GRADIENT_CONTRACTIONS`
 #: where TensorFlow runs its own CPU kernels and the CPU is not calibrated
