@@ -121,6 +121,15 @@ def _fit(rows: list[tuple[tuple[int, int, int], float]]) -> tuple[float, float, 
     return best[1:]
 
 
+def _nominal_ratio() -> float:
+    """The filter gradient's time over the input gradient's at the nominal
+    ordering speeds (the input gradient's capped at the peak)."""
+    from keras_memscope import timing
+
+    rates, peak = timing.NOMINAL_CPU_SPEEDS["rates"], timing.NOMINAL_CPU_SPEEDS["peak_flops"]
+    return min(rates["conv_input_grad"], peak["float32"]) / rates["conv_filter_grad"]
+
+
 def in_step(name: str, batch: int, optimizer: str, steps: int = 3) -> list[list[str]]:
     """Each Conv2D layer's filter-gradient time over its input-gradient time
     in the training step of zoo model ``name`` (medians over ``steps``
@@ -131,10 +140,9 @@ def in_step(name: str, batch: int, optimizer: str, steps: int = 3) -> list[list[
     import keras
 
     from keras_memscope import timing
-    from keras_memscope.measure import _op_events, _profiled, run_steps
 
     from . import zoo
-    from .accuracy import named_optimizer
+    from .op_timeline import profiled_steps
 
     model = zoo.named(name)
     shapes = {}
@@ -145,11 +153,7 @@ def in_step(name: str, batch: int, optimizer: str, steps: int = 3) -> list[list[
             out, kernel = layer.output.shape, layer.kernel.shape
             shapes[layer.name] = (batch, out[1] * out[2], kernel[0] * kernel[1] * kernel[2],
                                   kernel[3])
-    events: list[list[tuple[int, int, str, str]]] = []
-    run_steps(model, batch, optimizer=named_optimizer(optimizer),
-              loss=getattr(model, "loss", None), steps=steps, device="cpu",
-              around_step=lambda step: events.append(_profiled(step, _op_events)),
-              read_memory=False)
+    events = profiled_steps(model, batch, optimizer, steps)
     times: dict[str, dict[str, list[float]]] = {}
     pattern = re.compile(r"/(\w+?)(?:_\d+)?/convolution/Conv2DBackprop(Input|Filter):")
     for step in events:
@@ -158,8 +162,7 @@ def in_step(name: str, batch: int, optimizer: str, steps: int = 3) -> list[list[
             if found and found.group(1) in shapes:
                 times.setdefault(found.group(1), {}).setdefault(found.group(2), []).append(
                     end - start)
-    rates, peak = timing.NOMINAL_CPU_SPEEDS["rates"], timing.NOMINAL_CPU_SPEEDS["peak_flops"]
-    nominal = min(rates["conv_input_grad"], peak["float32"]) / rates["conv_filter_grad"]
+    nominal = _nominal_ratio()
     rows = []
     for layer, got in times.items():
         if len(got) < 2:
@@ -233,9 +236,7 @@ def main(argv: list[str] | None = None) -> None:
         m, n, k = dims
         return r0 / 1e9 * m / (m + m0) * n / (n + n0) * k / (k + k0)
 
-    # the nominal ordering speeds' ratio (the input gradient's capped at the peak)
-    rates, peak = timing.NOMINAL_CPU_SPEEDS["rates"], timing.NOMINAL_CPU_SPEEDS["peak_flops"]
-    nominal = min(rates["conv_input_grad"], peak["float32"]) / rates["conv_filter_grad"]
+    nominal = _nominal_ratio()
     table = []
     errors: dict[str, list[float]] = {"filter": [], "input": []}
     for shape, filt, rf, inp, ri in measured:

@@ -18,10 +18,27 @@ import argparse
 import os
 import re
 import sys
+from typing import Any
+
+
+def profiled_steps(model: Any, batch: int, optimizer: str, steps: int
+                   ) -> list[list[tuple[int, int, str, str]]]:
+    """Each of ``steps`` training steps of ``model`` after one warm-up step,
+    profiled: its ops' ``(start ns, end ns, thread, name:type)``."""
+    from keras_memscope.measure import _op_events, _profiled, run_steps
+
+    from .accuracy import named_optimizer
+
+    events: list[list[tuple[int, int, str, str]]] = []
+    run_steps(model, batch, optimizer=named_optimizer(optimizer),
+              loss=getattr(model, "loss", None), steps=steps, device="cpu",
+              around_step=lambda step: events.append(_profiled(step, _op_events)),
+              read_memory=False)
+    return events
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .accuracy import add_model_arguments, named_optimizer
+    from .accuracy import add_model_arguments
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_arguments(parser)
@@ -33,16 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     except re.error as exc:
         parser.error(f"--ops is not a regular expression: {exc}")
 
-    from keras_memscope.measure import _op_events, _profiled, run_steps
-
     from . import zoo
 
-    model = zoo.named(args.model)
-    steps: list[list[tuple[int, int, str, str]]] = []
-    run_steps(model, args.batch, optimizer=named_optimizer(args.optimizer),
-              loss=getattr(model, "loss", None), steps=args.steps, device="cpu",
-              around_step=lambda step: steps.append(_profiled(step, _op_events)),
-              read_memory=False)
+    steps = profiled_steps(zoo.named(args.model), args.batch, args.optimizer, args.steps)
     for k, events in enumerate(steps, 1):
         print(f"step {k}: ms from the step's first op (start, end, duration), thread, op")
         base = events[0][0] if events else 0
