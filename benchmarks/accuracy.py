@@ -211,6 +211,14 @@ MORE_LOOPS_CONFIGS = [("rnnscan", 64, "rmsprop"), ("newtonsqrt", 256, "adam"),
 # set at these batches, measured and estimated once, with no change between
 LOOP_SHAPES_CONFIGS = [("twinscan", 256, "adam"), ("nestedloops", 512, "adam"),
                        ("refine_bf16", 512, "adam"), ("scanfirst", 128, "adam")]
+# six models written after the loop sets (a graph convolutional network on
+# dense adjacency matrices, Conformer blocks, an attention U-Net, a mixture
+# density network under its own likelihood, a segmenter with a 1 x 1 head into
+# three classes, an optimizer that accumulates gradients); measured and
+# estimated once, with no change between
+UNSAMPLED_CONFIGS = [("gcn", 32, "adam"), ("conformer", 16, "adamw"),
+                     ("attnunet", 8, "sgd-momentum"), ("mdn", 1024, "rmsprop"),
+                     ("fcnseg", 8, "adam"), ("accumcnn", 64, "adam-accum4")]
 # Conv3D networks at batches where TensorFlow's Conv3D gradient kernels take
 # their column buffers or do not (``rules.conv.conv3d_col_buffers``): all but
 # r3d's measured once while those buffers were modelled (c3d and ae3d written
@@ -231,7 +239,8 @@ SETS = {"held-out": HELD_OUT_CONFIGS, "unseen": UNSEEN_CONFIGS, "fresh": FRESH_C
         "unsurveyed": UNSURVEYED_CONFIGS, "unfamiliar": UNFAMILIAR_CONFIGS,
         "unexamined": UNEXAMINED_CONFIGS, "keras-io": KERAS_IO_CONFIGS,
         "own-loops": OWN_LOOPS_CONFIGS, "more-loops": MORE_LOOPS_CONFIGS,
-        "loop-shapes": LOOP_SHAPES_CONFIGS, "volumes": VOLUMES_CONFIGS}
+        "loop-shapes": LOOP_SHAPES_CONFIGS, "volumes": VOLUMES_CONFIGS,
+        "unsampled": UNSAMPLED_CONFIGS}
 def _multi(mapped: dict[str, str]) -> dict[str, Any]:
     """A serialized ``MultiOptimizer``: SGD with momentum for every variable
     but those whose path matches a pattern of ``mapped`` (to an optimizer's
@@ -258,6 +267,8 @@ OPTIMIZERS = {
     "sgd-momentum": {"class_name": "SGD", "config": {"momentum": 0.9}},
     "sgd-nesterov": {"class_name": "SGD", "config": {"momentum": 0.9, "nesterov": True}},
     "schedulefree": {"class_name": "ScheduleFreeAdamW", "config": {}},
+    # Adam applying the sum of four steps' gradients every fourth step
+    "adam-accum4": {"class_name": "Adam", "config": {"gradient_accumulation_steps": 4}},
     # SGD with momentum for the early layers, Adam for ResNet-50's last two
     # stages (discriminative fine-tuning)
     "multi-sgd-adam-late": _multi({"conv[45]_.*": "Adam"}),
@@ -292,7 +303,7 @@ OWN_LOSS = ("gru", "unet", "autoencoder", "twotower", "skipnet", "timedistribute
             "maskednet", "maskedmean", "widedeep", "tiedlm", "multihead", "lstmdrop",
             "birnnsum", "cropnet", "dwmult", "rmsmlp", "cosreg", "hourglass", "capsnet",
             "resizer", "siren", "dualencoder", "dcn", "distill", "hypernet", "focalcnn",
-            "xceptionsmall", "texttransformer", "tstransformer", "ae3d")
+            "xceptionsmall", "texttransformer", "tstransformer", "ae3d", "attnunet", "mdn")
 
 
 def _key(model: str, batch: int, opt: str) -> str:

@@ -86,7 +86,12 @@ place:
 * ``conv-gemm-shapes``: on TensorFlow's own CPU kernels, a convolution's
   filter and input gradients at the speeds of Eigen contractions of their
   own shapes (``keras_memscope.timing.CONV_GEMM_SHAPES``,
-  ``CONV_GRADIENT_CONTRACTIONS``), not at one nominal speed each.
+  ``CONV_GRADIENT_CONTRACTIONS``), not at one nominal speed each;
+* ``push-constants-down``: each traced gradient ``op(C, op(X, Y))`` rewritten
+  as grappler's constant folding rewrites it, ``op(X, op(C, Y))``, the new
+  inner op run in the forward pass where it reads only forward tensors
+  (``keras_memscope.tfgraph.PUSH_CONSTANTS_DOWN``; attention's scaled
+  softmax gradient).
 """
 
 from __future__ import annotations
@@ -103,7 +108,7 @@ VARIANTS = ("first-chunk", "matmul-shapes", "onednn-speeds", "ratio", "add-pass-
             "read-together", "update-busy", "onednn-conv-ratios", "weight-gradient-first",
             "timed-copies", "six-steps", "updates-take-time", "saved-inputs-donate",
             "per-prim-workspace", "products-side-by-side", "loop-gradient-one-op",
-            "dense-transposed-reads", "conv-gemm-shapes")
+            "dense-transposed-reads", "conv-gemm-shapes", "push-constants-down")
 #: the kernels ``weight-gradient-first`` starts first
 FIRST_KERNELS = frozenset({"conv", "conv_transpose", "matmul"})
 #: the variants that set a switch of ``keras_memscope.schedule``: its name and value
@@ -161,6 +166,7 @@ def variants(names: Sequence[str], ratio_sigma: float = 0.22) -> Iterator[None]:
             setattr(schedule, *switches[name])
     saved_per_prim = tfgraph.PER_PRIM_WORKSPACE
     saved_dense = tfgraph.DENSE_TRANSPOSED_READS
+    saved_push = tfgraph.PUSH_CONSTANTS_DOWN
     saved_conv_gemm = timing.CONV_GEMM_SHAPES
     if "conv-gemm-shapes" in names:
         timing.CONV_GEMM_SHAPES = True
@@ -169,6 +175,9 @@ def variants(names: Sequence[str], ratio_sigma: float = 0.22) -> Iterator[None]:
         tfgraph._CACHE.clear()  # (traced before with the switch off)
     if "dense-transposed-reads" in names:
         tfgraph.DENSE_TRANSPOSED_READS = True
+        tfgraph._CACHE.clear()
+    if "push-constants-down" in names:
+        tfgraph.PUSH_CONSTANTS_DOWN = True
         tfgraph._CACHE.clear()
     if "six-steps" in names:
         devices._cpu_profile = lambda: dataclasses.replace(saved_cpu(), simulated_steps=6)
@@ -213,10 +222,11 @@ def variants(names: Sequence[str], ratio_sigma: float = 0.22) -> Iterator[None]:
             setattr(schedule, attr, value)
         devices._cpu_profile = saved_cpu
         timing.CONV_GEMM_SHAPES = saved_conv_gemm
-        if (tfgraph.PER_PRIM_WORKSPACE, tfgraph.DENSE_TRANSPOSED_READS) != (
-                saved_per_prim, saved_dense):
+        if (tfgraph.PER_PRIM_WORKSPACE, tfgraph.DENSE_TRANSPOSED_READS,
+                tfgraph.PUSH_CONSTANTS_DOWN) != (saved_per_prim, saved_dense, saved_push):
             tfgraph.PER_PRIM_WORKSPACE = saved_per_prim
             tfgraph.DENSE_TRANSPOSED_READS = saved_dense
+            tfgraph.PUSH_CONSTANTS_DOWN = saved_push
             tfgraph._CACHE.clear()
 
 

@@ -1843,6 +1843,135 @@ def focalcnn() -> keras.Model:
     return model
 
 
+
+# --- written after the loop sets; measured and estimated once (``--unsampled``) ---
+
+
+def gcn() -> keras.Model:
+    """A graph convolutional network on dense graphs of 256 nodes: node
+    features (64) and an adjacency matrix (256 x 256) per sample, three
+    layers ``relu(Dense(A @ H))`` of 128 units (``Dot`` over the nodes),
+    mean pooling over the nodes, 10 classes."""
+    features = keras.Input((256, 64))
+    adjacency = keras.Input((256, 256))
+    h = features
+    for _ in range(3):
+        h = layers.Dense(128, activation="relu")(layers.Dot(axes=(2, 1))([adjacency, h]))
+    h = layers.GlobalAveragePooling1D()(h)
+    return keras.Model([features, adjacency], layers.Dense(10)(h), name="gcn")
+
+
+def conformer() -> keras.Model:
+    """Two Conformer blocks over 256 frames of 80 features projected to
+    144: half-step feed-forward modules (LayerNormalization, Dense 576
+    swish, Dense 144, halved, residual), 4-head self-attention, a
+    convolution module (a gated linear unit from two Dense layers, a
+    15-wide DepthwiseConv1D, BatchNormalization, swish, Dense), a final
+    LayerNormalization; average pooling over time, 10 classes."""
+    frames = keras.Input((256, 80))
+    x = layers.Dense(144)(frames)
+
+    def half_ffn(x):
+        h = layers.LayerNormalization()(x)
+        h = layers.Dense(144)(layers.Dense(576, activation="swish")(h))
+        return layers.Add()([x, layers.Rescaling(0.5)(h)])
+
+    for _ in range(2):
+        x = half_ffn(x)
+        h = layers.LayerNormalization()(x)
+        x = layers.Add()([x, layers.MultiHeadAttention(4, 36)(h, h)])
+        h = layers.LayerNormalization()(x)
+        h = layers.Multiply()([layers.Dense(144)(h), layers.Dense(144, activation="sigmoid")(h)])
+        h = layers.DepthwiseConv1D(15, padding="same")(h)
+        h = layers.Activation("swish")(layers.BatchNormalization()(h))
+        x = layers.Add()([x, layers.Dense(144)(h)])
+        x = layers.LayerNormalization()(half_ffn(x))
+    x = layers.GlobalAveragePooling1D()(x)
+    return keras.Model(frames, layers.Dense(10)(x), name="conformer")
+
+
+def _attention_gate(skip, gate, filters: int):
+    """An attention U-Net's gate: 1 x 1 projections of the skip and the
+    gate added, ReLU, a 1 x 1 convolution into one sigmoid channel that
+    scales the skip."""
+    f = layers.ReLU()(layers.Add()([layers.Conv2D(filters, 1)(skip),
+                                    layers.Conv2D(filters, 1)(gate)]))
+    return layers.Multiply()([skip, layers.Conv2D(1, 1, activation="sigmoid")(f)])
+
+
+def attnunet() -> keras.Model:
+    """An attention U-Net on 64 x 64 x 3 images: three encoder stages (two
+    3 x 3 ReLU convolutions of 32, 64, 128 filters, max pooling), a
+    256-filter bottleneck, decoder stages that upsample by Conv2DTranspose,
+    gate the skip (``_attention_gate``) and concatenate, a 1 x 1 sigmoid
+    mask out under binary cross-entropy."""
+    image = keras.Input((64, 64, 3))
+    x, skips = image, []
+    for filters in (32, 64, 128):
+        for _ in range(2):
+            x = layers.Conv2D(filters, 3, padding="same", activation="relu")(x)
+        skips.append(x)
+        x = layers.MaxPooling2D()(x)
+    x = layers.Conv2D(256, 3, padding="same", activation="relu")(x)
+    for filters, skip in zip((128, 64, 32), reversed(skips)):
+        x = layers.Conv2DTranspose(filters, 2, strides=2)(x)
+        x = layers.Concatenate()([_attention_gate(skip, x, filters // 2), x])
+        x = layers.Conv2D(filters, 3, padding="same", activation="relu")(x)
+    model = keras.Model(image, layers.Conv2D(1, 1, activation="sigmoid")(x), name="attnunet")
+    model.compile(loss="binary_crossentropy")
+    return model
+
+
+def _mixture_nll(y_true, y_pred):
+    """Negative log-likelihood of 2-D targets (the targets' first two
+    columns) under a mixture of 8 diagonal Gaussians whose logits, means
+    and log standard deviations are the 40 outputs."""
+    from keras import ops
+
+    target = ops.expand_dims(y_true[:, :2], 1)
+    logits = y_pred[:, :8]
+    means = ops.reshape(y_pred[:, 8:24], (-1, 8, 2))
+    log_sigma = ops.reshape(y_pred[:, 24:40], (-1, 8, 2))
+    z = (target - means) * ops.exp(-log_sigma)
+    log_prob = -0.5 * ops.sum(z * z, axis=-1) - ops.sum(log_sigma, axis=-1)
+    return -ops.logsumexp(ops.log_softmax(logits, axis=-1) + log_prob, axis=-1)
+
+
+def mdn() -> keras.Model:
+    """A mixture density network: 16 features through three Dense 256 tanh
+    layers to the 40 parameters of a mixture of 8 2-D Gaussians, trained
+    on their negative log-likelihood (``_mixture_nll``)."""
+    x = inputs = keras.Input((16,))
+    for _ in range(3):
+        x = layers.Dense(256, activation="tanh")(x)
+    model = keras.Model(inputs, layers.Dense(40)(x), name="mdn")
+    model.compile(loss=_mixture_nll)
+    return model
+
+
+def fcnseg() -> keras.Model:
+    """A fully convolutional segmenter on 128 x 128 x 3 images: a strided
+    3 x 3 convolution of 32 filters, two 3 x 3 of 64, a 1 x 1 head into 3
+    classes at 64 x 64, bilinear upsampling back to 128 x 128, per-pixel
+    softmax (sparse categorical cross-entropy over the pixels)."""
+    image = keras.Input((128, 128, 3))
+    x = layers.Conv2D(32, 3, strides=2, padding="same", activation="relu")(image)
+    for _ in range(2):
+        x = layers.Conv2D(64, 3, padding="same", activation="relu")(x)
+    x = layers.UpSampling2D(2, interpolation="bilinear")(layers.Conv2D(3, 1)(x))
+    return keras.Model(image, layers.Softmax()(x), name="fcnseg")
+
+
+def accumcnn() -> keras.Model:
+    """A small convnet on 32 x 32 x 3 images (two 3 x 3 convolutions of 64
+    and 128 filters with max pooling, Dense 256, 10 classes), trained with
+    an optimizer that accumulates gradients over steps."""
+    image = keras.Input((32, 32, 3))
+    x = layers.MaxPooling2D()(layers.Conv2D(64, 3, padding="same", activation="relu")(image))
+    x = layers.MaxPooling2D()(layers.Conv2D(128, 3, padding="same", activation="relu")(x))
+    x = layers.Dense(256, activation="relu")(layers.Flatten()(x))
+    return keras.Model(image, layers.Dense(10)(x), name="accumcnn")
+
 # --- keras.io's tutorials, as they write their models ---------------------------
 
 

@@ -896,6 +896,8 @@ def _trace(call: CallRecord, xla_buffers: bool = True,
     # (captured tensors come after them)
     args = [t for t in graph.inputs if t.dtype.name != "resource"]
     upstream = args[n_in + len(weight_specs):n_in + len(weight_specs) + len(grad_specs)]
+    if PUSH_CONSTANTS_DOWN:
+        ran = push_constants_down(graph, ops[:split], ran, grad_owners)
     forward, backward, hoisted = _hoist(graph, ops[:split], ran, upstream)
     return _to_prims(call, graph, forward, backward, out_names, xla_buffers, upstream,
                      hoisted=hoisted, grad_owners=grad_owners)
@@ -1041,6 +1043,114 @@ def _hoist(graph: Any, forward: list[Any], backward: list[Any],
         out.insert(at, op)
     names = {op.name for op in out} - {op.name for op in forward}
     return out, [op for op in backward if op.name not in names], names
+
+
+#: Element-wise ops grappler's constant folding reassociates: the additive
+#: and the multiplicative ones (``IsAdd``/``IsSub``, ``IsMul``/``IsDiv``:
+#: ``RealDiv`` is not ``Div``).
+_PUSH_DOWN_FAMILIES = {"Add": "add", "AddV2": "add", "Sub": "add", "Mul": "mul", "Div": "mul"}
+#: Whether :func:`push_constants_down` rewrites a traced gradient as grappler
+#: does before the runtime runs it. Tried, not adopted (benchmarks/RESULTS.md,
+#: "A constant pushed down into softmax's gradient"): which of the inner op's
+#: inputs grappler pairs with the constant is not the traced order in every
+#: model (a keras.io text transformer's step pairs it with the gradient).
+PUSH_CONSTANTS_DOWN = False
+
+
+def push_constants_down(graph: Any, forward: Sequence[Any], backward: list[Any],
+                        owners: dict[str, str] | None = None) -> list[Any]:
+    """``backward`` with each gradient op ``op(C, op(X, Y))``, ``C`` a
+    constant, rewritten as grappler's constant folding rewrites it before the
+    step runs (``ConstantFolding::ConstantPushDown``): ``op(X, op(C, Y))``,
+    where the inner op is the outer's only reader and ``X`` is its first
+    non-constant input. The new inner op reads only ``C`` and ``Y``: where
+    ``Y`` is a forward tensor and ``X`` waits for the incoming gradient, it
+    is ready in the forward pass and runs there (``_hoist``), its result held
+    until the gradient reads it. Softmax's gradient times a constant (Keras'
+    attention scales its logits after the product, so the scale's gradient
+    multiplies the softmax's: ``((g - sum(g * p)) * p) * scale``) becomes
+    ``(scale * p) * (g - ...)``: an allocator trace of a Conformer's step
+    holds a logits-sized ``gradient_tape/.../mul_1`` from each attention
+    layer's forward pass to its gradient, 16 MiB at batch 16 over 256
+    positions and 4 heads.
+
+    The rule's conditions, as grappler checks them: both ops of one family
+    (additive or multiplicative) and of two data inputs; the outer's type
+    not bfloat16 or float16 (a mixed one only where both are floating);
+    the inner read by nothing else and not returned; its two inputs not both
+    constant; and, where ``Y`` is not constant, ``C`` no larger than ``Y``
+    in elements or in any leading dimension. The new inner op computes the
+    same element-wise product or sum (its sign, where grappler turns a sum
+    into a difference, does not change what it holds); ``owners`` (gradient
+    op to forward op) gains its entry from the op it replaces."""
+    import tensorflow as tf
+
+    _, constant, _ = _constants(list(forward) + list(backward))
+    constant = set(constant)
+    returned = {t.name for t in graph.outputs}
+    out = list(backward)
+    in_backward = {op.name for op in out}
+    runs = in_backward | {op.name for op in forward}  # (what is pruned reads nothing)
+    for parent in list(out):
+        family = _PUSH_DOWN_FAMILIES.get(parent.type)
+        if family is None or len(parent.inputs) != 2 or parent.name not in in_backward:
+            continue
+        dtype = parent.outputs[0].dtype
+        if dtype in (tf.bfloat16, tf.float16):
+            continue
+        const_in = [i for i, t in enumerate(parent.inputs) if t.name in constant]
+        if len(const_in) != 1:
+            continue
+        c_at = const_in[0]
+        c, inner_t = parent.inputs[c_at], parent.inputs[1 - c_at]
+        inner = inner_t.op
+        if (_PUSH_DOWN_FAMILIES.get(inner.type) != family or len(inner.inputs) != 2
+                or inner.name not in in_backward or inner_t.name in returned
+                or len(inner.outputs) != 1
+                or sum(r.name in runs for r in inner_t.consumers()) != 1):
+            continue
+        symmetric = parent.type in ("Add", "AddV2", "Mul") and inner.type in (
+            "Add", "AddV2", "Mul")
+        if not symmetric and not dtype.is_floating:
+            continue
+        left_const = inner.inputs[0].name in constant
+        if left_const and inner.inputs[1].name in constant:
+            continue  # (folded whole)
+        x, y = (inner.inputs[1], inner.inputs[0]) if left_const else \
+            (inner.inputs[0], inner.inputs[1])
+        if y.name not in constant and c.shape.rank is not None and y.shape.rank is not None:
+            c_dims, y_dims = list(c.shape), list(y.shape)
+            if (c.shape.is_fully_defined() and y.shape.is_fully_defined()
+                    and _elements(c) > _elements(y)):
+                continue
+            if c_dims and any(yd is not None and cd is not None and cd > yd
+                              for cd, yd in zip(c_dims, y_dims)):
+                continue
+        old = parent.outputs[0]
+        with graph.as_default():
+            make = tf.raw_ops.Mul if family == "mul" else tf.raw_ops.AddV2
+            pushed = make(x=c, y=y, name=f"{inner.name}_pushed_down").op
+            outer = make(x=x, y=pushed.outputs[0], name=f"{parent.name}_pushed_down").op
+        if outer.outputs[0].shape != old.shape:
+            continue  # (not the same result: left as traced)
+        # (the C API checks an edge's shape: the outer op is made anew and
+        # its readers read it instead)
+        for reader in old.consumers():
+            for k, t in enumerate(reader.inputs):
+                if t.name == old.name:
+                    reader._update_input(k, outer.outputs[0])
+        if old.name in returned:
+            graph.outputs = [outer.outputs[0] if t.name == old.name else t
+                             for t in graph.outputs]
+            returned = {t.name for t in graph.outputs}
+        for made, was in ((pushed, inner), (outer, parent)):
+            if owners is not None and was.name in owners:
+                owners[made.name] = owners[was.name]
+            out[out.index(was)] = made
+            in_backward.discard(was.name)
+            in_backward.add(made.name)
+            runs.add(made.name)
+    return out
 
 
 def grappler_rewrite(graph: Any, cluster: Any = None) -> Any:

@@ -1687,3 +1687,42 @@ def test_a_products_second_gradient_runs_beside_the_first_on_tensorflows_kernels
                     and p.layer.startswith("attend") and p.event == "Sub")
 
     assert at_the_subtraction(False) - at_the_subtraction(True) >= probs
+
+
+def _attention_block(tokens: int, heads: int, key_dim: int, dropout: float = 0.0,
+                     blocks: int = 1) -> keras.Model:
+    inp = keras.Input((tokens, heads * key_dim))
+    x = inp
+    for _ in range(blocks):
+        x = layers.Add()([x, layers.MultiHeadAttention(heads, key_dim, dropout=dropout)(x, x)])
+    return keras.Model(inp, layers.Dense(4)(layers.GlobalAveragePooling1D()(x)))
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_a_constant_pushed_down_into_softmaxs_gradient_runs_in_the_forward_pass(
+        monkeypatch, dropout):
+    """Keras' attention without dropout scales its logits after the product
+    (``ops.dot_product_attention``), so the softmax's gradient is multiplied
+    by the scale: ``((g - sum(g * p)) * p) * scale``. Grappler's constant
+    folding rewrites it as ``(scale * p) * (g - ...)`` (``ConstantPushDown``),
+    and ``scale * p`` reads only the forward pass's probabilities: it runs
+    there and is held until the gradient, one more logits-sized tensor per
+    layer (an allocator trace of a Conformer's step: ``gradient_tape/.../
+    mul_1``, 16 MiB, from each attention layer's forward pass to its
+    gradient). With dropout Keras scales the query before the product and
+    nothing is pushed down."""
+    from keras_memscope import tfgraph
+
+    batch, tokens, heads, key_dim = 4, 64, 2, 16
+    logits = batch * heads * tokens * tokens * 4
+
+    def kept(push: bool) -> int:
+        monkeypatch.setattr(tfgraph, "PUSH_CONSTANTS_DOWN", push)
+        monkeypatch.setattr(tfgraph, "_CACHE", {})  # (traced calls are cached)
+        keras.utils.clear_session()
+        est = memscope.estimate(_attention_block(tokens, heads, key_dim, dropout), batch,
+                                optimizer="sgd", device="cpu", method="graph")
+        return next(r.activation_bytes for r in est.layers
+                    if r.class_name == "MultiHeadAttention")
+
+    assert kept(True) - kept(False) == (0 if dropout else logits)
