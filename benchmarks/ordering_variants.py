@@ -91,7 +91,10 @@ place:
   as grappler's constant folding rewrites it, ``op(X, op(C, Y))``, the new
   inner op run in the forward pass where it reads only forward tensors
   (``keras_memscope.tfgraph.PUSH_CONSTANTS_DOWN``; attention's scaled
-  softmax gradient).
+  softmax gradient);
+* ``push-down-as-grappler``: the same, only where grappler's own rewrite of
+  the layer's traced graph pairs the constant with that leaf
+  (``keras_memscope.tfgraph.PUSH_DOWN_AS_GRAPPLER_DOES``).
 """
 
 from __future__ import annotations
@@ -108,7 +111,8 @@ VARIANTS = ("first-chunk", "matmul-shapes", "onednn-speeds", "ratio", "add-pass-
             "read-together", "update-busy", "onednn-conv-ratios", "weight-gradient-first",
             "timed-copies", "six-steps", "updates-take-time", "saved-inputs-donate",
             "per-prim-workspace", "products-side-by-side", "loop-gradient-one-op",
-            "dense-transposed-reads", "conv-gemm-shapes", "push-constants-down")
+            "dense-transposed-reads", "conv-gemm-shapes", "push-constants-down",
+            "push-down-as-grappler")
 #: the kernels ``weight-gradient-first`` starts first
 FIRST_KERNELS = frozenset({"conv", "conv_transpose", "matmul"})
 #: the variants that set a switch of ``keras_memscope.schedule``: its name and value
@@ -167,6 +171,7 @@ def variants(names: Sequence[str], ratio_sigma: float = 0.22) -> Iterator[None]:
     saved_per_prim = tfgraph.PER_PRIM_WORKSPACE
     saved_dense = tfgraph.DENSE_TRANSPOSED_READS
     saved_push = tfgraph.PUSH_CONSTANTS_DOWN
+    saved_as_grappler = tfgraph.PUSH_DOWN_AS_GRAPPLER_DOES
     saved_conv_gemm = timing.CONV_GEMM_SHAPES
     if "conv-gemm-shapes" in names:
         timing.CONV_GEMM_SHAPES = True
@@ -176,8 +181,9 @@ def variants(names: Sequence[str], ratio_sigma: float = 0.22) -> Iterator[None]:
     if "dense-transposed-reads" in names:
         tfgraph.DENSE_TRANSPOSED_READS = True
         tfgraph._CACHE.clear()
-    if "push-constants-down" in names:
+    if "push-constants-down" in names or "push-down-as-grappler" in names:
         tfgraph.PUSH_CONSTANTS_DOWN = True
+        tfgraph.PUSH_DOWN_AS_GRAPPLER_DOES = "push-down-as-grappler" in names
         tfgraph._CACHE.clear()
     if "six-steps" in names:
         devices._cpu_profile = lambda: dataclasses.replace(saved_cpu(), simulated_steps=6)
@@ -227,6 +233,7 @@ def variants(names: Sequence[str], ratio_sigma: float = 0.22) -> Iterator[None]:
             tfgraph.PER_PRIM_WORKSPACE = saved_per_prim
             tfgraph.DENSE_TRANSPOSED_READS = saved_dense
             tfgraph.PUSH_CONSTANTS_DOWN = saved_push
+            tfgraph.PUSH_DOWN_AS_GRAPPLER_DOES = saved_as_grappler
             tfgraph._CACHE.clear()
 
 

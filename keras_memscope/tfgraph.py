@@ -1055,6 +1055,9 @@ _PUSH_DOWN_FAMILIES = {"Add": "add", "AddV2": "add", "Sub": "add", "Mul": "mul",
 #: inputs grappler pairs with the constant is not the traced order in every
 #: model (a keras.io text transformer's step pairs it with the gradient).
 PUSH_CONSTANTS_DOWN = False
+#: With :data:`PUSH_CONSTANTS_DOWN`, rewrite only where grappler's own
+#: rewrite of the layer's traced graph pairs the constant with the same leaf.
+PUSH_DOWN_AS_GRAPPLER_DOES = False
 
 
 def push_constants_down(graph: Any, forward: Sequence[Any], backward: list[Any],
@@ -1091,6 +1094,7 @@ def push_constants_down(graph: Any, forward: Sequence[Any], backward: list[Any],
     out = list(backward)
     in_backward = {op.name for op in out}
     runs = in_backward | {op.name for op in forward}  # (what is pruned reads nothing)
+    rewritten: dict[str, set[str]] | None = None  # grappler's own inputs, by node
     for parent in list(out):
         family = _PUSH_DOWN_FAMILIES.get(parent.type)
         if family is None or len(parent.inputs) != 2 or parent.name not in in_backward:
@@ -1126,6 +1130,16 @@ def push_constants_down(graph: Any, forward: Sequence[Any], backward: list[Any],
             if c_dims and any(yd is not None and cd is not None and cd > yd
                               for cd, yd in zip(c_dims, y_dims)):
                 continue
+        if PUSH_DOWN_AS_GRAPPLER_DOES:
+            if rewritten is None:
+                try:
+                    rewritten = {n.name: {i.lstrip("^").split(":")[0] for i in n.input}
+                                 for n in grappler_rewrite(graph).node}
+                except Exception:  # (grappler refused the graph: nothing confirmed)
+                    rewritten = {}
+            if y.op.name not in rewritten.get(inner.name, ()) or x.op.name in rewritten.get(
+                    inner.name, ()):
+                continue  # grappler's rewrite pairs the constant otherwise, or not at all
         old = parent.outputs[0]
         with graph.as_default():
             make = tf.raw_ops.Mul if family == "mul" else tf.raw_ops.AddV2

@@ -1726,3 +1726,7 @@ def test_a_constant_pushed_down_into_softmaxs_gradient_runs_in_the_forward_pass(
                     if r.class_name == "MultiHeadAttention")
 
     assert kept(True) - kept(False) == (0 if dropout else logits)
+    # grappler's own rewrite of the layer's graph pairs the scale with the
+    # probabilities too (tfgraph.PUSH_DOWN_AS_GRAPPLER_DOES)
+    monkeypatch.setattr(tfgraph, "PUSH_DOWN_AS_GRAPPLER_DOES", True)
+    assert kept(True) - kept(False) == (0 if dropout else logits)
