@@ -113,6 +113,10 @@ VARIANTS = ("first-chunk", "matmul-shapes", "onednn-speeds", "ratio", "add-pass-
             "per-prim-workspace", "products-side-by-side", "loop-gradient-one-op",
             "dense-transposed-reads", "conv-gemm-shapes", "push-constants-down",
             "push-down-as-grappler")
+#: the switches of ``keras_memscope.tfgraph`` that variants set: they change
+#: what a layer's trace gives, so its cached traces go when one is restored
+TFGRAPH_SWITCHES = ("PER_PRIM_WORKSPACE", "DENSE_TRANSPOSED_READS", "PUSH_CONSTANTS_DOWN",
+                    "PUSH_DOWN_AS_GRAPPLER_DOES")
 #: the kernels ``weight-gradient-first`` starts first
 FIRST_KERNELS = frozenset({"conv", "conv_transpose", "matmul"})
 #: the variants that set a switch of ``keras_memscope.schedule``: its name and value
@@ -168,10 +172,7 @@ def variants(names: Sequence[str], ratio_sigma: float = 0.22) -> Iterator[None]:
     for name in names:
         if name in switches:
             setattr(schedule, *switches[name])
-    saved_per_prim = tfgraph.PER_PRIM_WORKSPACE
-    saved_dense = tfgraph.DENSE_TRANSPOSED_READS
-    saved_push = tfgraph.PUSH_CONSTANTS_DOWN
-    saved_as_grappler = tfgraph.PUSH_DOWN_AS_GRAPPLER_DOES
+    saved_traced = {attr: getattr(tfgraph, attr) for attr in TFGRAPH_SWITCHES}
     saved_conv_gemm = timing.CONV_GEMM_SHAPES
     if "conv-gemm-shapes" in names:
         timing.CONV_GEMM_SHAPES = True
@@ -228,13 +229,10 @@ def variants(names: Sequence[str], ratio_sigma: float = 0.22) -> Iterator[None]:
             setattr(schedule, attr, value)
         devices._cpu_profile = saved_cpu
         timing.CONV_GEMM_SHAPES = saved_conv_gemm
-        if (tfgraph.PER_PRIM_WORKSPACE, tfgraph.DENSE_TRANSPOSED_READS,
-                tfgraph.PUSH_CONSTANTS_DOWN) != (saved_per_prim, saved_dense, saved_push):
-            tfgraph.PER_PRIM_WORKSPACE = saved_per_prim
-            tfgraph.DENSE_TRANSPOSED_READS = saved_dense
-            tfgraph.PUSH_CONSTANTS_DOWN = saved_push
-            tfgraph.PUSH_DOWN_AS_GRAPPLER_DOES = saved_as_grappler
-            tfgraph._CACHE.clear()
+        if any(getattr(tfgraph, attr) != value for attr, value in saved_traced.items()):
+            for attr, value in saved_traced.items():
+                setattr(tfgraph, attr, value)
+            tfgraph._CACHE.clear()  # (traced with the variants' switches)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1079,7 +1079,8 @@ def push_constants_down(graph: Any, forward: Sequence[Any], backward: list[Any],
 
     The rule's conditions, as grappler checks them: both ops of one family
     (additive or multiplicative) and of two data inputs; the outer's type
-    not bfloat16 or float16 (a mixed one only where both are floating);
+    not bfloat16 or float16 (and floating where either op is a ``Sub`` or
+    ``Div``);
     the inner read by nothing else and not returned; its two inputs not both
     constant; and, where ``Y`` is not constant, ``C`` no larger than ``Y``
     in elements or in any leading dimension. The new inner op computes the
@@ -1137,8 +1138,8 @@ def push_constants_down(graph: Any, forward: Sequence[Any], backward: list[Any],
                                  for n in grappler_rewrite(graph).node}
                 except Exception:  # (grappler refused the graph: nothing confirmed)
                     rewritten = {}
-            if y.op.name not in rewritten.get(inner.name, ()) or x.op.name in rewritten.get(
-                    inner.name, ()):
+            reads = rewritten.get(inner.name, set())
+            if y.op.name not in reads or x.op.name in reads:
                 continue  # grappler's rewrite pairs the constant otherwise, or not at all
         old = parent.outputs[0]
         with graph.as_default():
